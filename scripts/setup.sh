@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# One idempotent setup for every place the toolkit runs: a developer's machine, CI and the
+# cluster image (the Dockerfile calls this same script with TOOLKIT_DEVICE=cuda).
+#
+#   bash scripts/setup.sh            # CPU stack into ./.venv
+#   TOOLKIT_DEVICE=cuda bash scripts/setup.sh
+#
+# Steps are named as they run. Re-running is cheap: apt packages already present are skipped,
+# pinned pip packages already installed are no-ops, and Horovod is compiled only once; its wheel
+# is kept in $TOOLKIT_CACHE (default ~/.cache/toolkit), outside the repository, keyed by the
+# versions it was built against.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DEVICE="${TOOLKIT_DEVICE:-cpu}"
+PYTHON="${PYTHON:-python3}"
+VENV="${TOOLKIT_VENV:-$ROOT/.venv}"
+CACHE="${TOOLKIT_CACHE:-$HOME/.cache/toolkit}"
+LOG_DIR="$CACHE/logs"
+
+# The known-good pins (shared/STACK.md). The Dockerfile passes its ARGs of the same names;
+# tests/test_pins.py checks that pyproject.toml and the Dockerfile agree with these defaults.
+TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
+TF_VERSION="${TF_VERSION:-2.21.0}"
+DEEPSPEED_VERSION="${DEEPSPEED_VERSION:-0.19.8}"
+MPI4PY_VERSION="${MPI4PY_VERSION:-4.1.2}"
+HOROVOD_VERSION="${HOROVOD_VERSION:-0.28.1}"
+
+step() { printf '\n==> [setup] %s\n' "$*"; }
+die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
+
+case "$DEVICE" in cpu|cuda) ;; *) die "TOOLKIT_DEVICE=$DEVICE: allowed values are cpu, cuda" ;; esac
+mkdir -p "$CACHE/wheels" "$LOG_DIR"
+
+step "1/6 system packages (Open MPI, CMake, compilers)"
+APT_PACKAGES=(libopenmpi-dev openmpi-bin cmake g++ make git)
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  echo "installing: ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >"$LOG_DIR/apt.log" 2>&1 || { tail -n 30 "$LOG_DIR/apt.log" >&2; die "apt-get install failed"; }
+else
+  echo "already installed: ${APT_PACKAGES[*]}"
+fi
+
+step "2/6 virtual environment at $VENV"
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PYTHON" -m venv "$VENV"
+fi
+# This machine's pip config names local index folders that may not exist; pip warns about each
+# one for every package. Drop those lines so the named steps stay readable.
+pip_install() {
+  "$VENV/bin/python" -m pip install --quiet "$@" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
+}
+echo "python: $("$VENV/bin/python" --version)"
+
+step "3/6 PyTorch $TORCH_VERSION ($DEVICE)"
+# Pin exactly: an open range pulls the registry's newest build with several GB of CUDA packages.
+# On Linux the registry's torch 2.13.0 wheel is the CUDA build (what the cluster image wants).
+# On the CPU machines this project develops on, pip's find-links folder holds the CPU wheel
+# (2.13.0+cpu), which pip prefers; no CUDA packages are downloaded.
+pip_install "torch==$TORCH_VERSION"
+
+step "4/6 TensorFlow $TF_VERSION, DeepSpeed $DEEPSPEED_VERSION, mpi4py $MPI4PY_VERSION"
+if [ "$DEVICE" = cpu ]; then TF_PACKAGE="tensorflow-cpu==$TF_VERSION"; else TF_PACKAGE="tensorflow[and-cuda]==$TF_VERSION"; fi
+pip_install "$TF_PACKAGE" "mpi4py==$MPI4PY_VERSION" cloudpickle psutil pyyaml packaging
+# DeepSpeed's setup.py imports torch: without --no-build-isolation pip would fetch another torch
+# into the isolated build environment.
+pip_install --no-build-isolation "deepspeed==$DEEPSPEED_VERSION"
+
+step "5/6 Horovod $HOROVOD_VERSION (PyTorch, TensorFlow, Gloo, MPI)"
+# shellcheck source=scripts/build_horovod.sh
+source "$ROOT/scripts/build_horovod.sh"
+install_horovod
+
+step "6/6 the toolkit itself, with its development tools"
+pip_install --no-build-isolation -e "$ROOT[dev]"
+
+echo
+echo "[setup] done: $VENV ($DEVICE). Check it with: $VENV/bin/toolkit doctor"

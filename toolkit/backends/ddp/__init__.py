@@ -1,0 +1,1 @@
+"""Plain PyTorch DistributedDataParallel: the reference engine."""

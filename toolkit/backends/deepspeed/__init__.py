@@ -1,0 +1,1 @@
+"""DeepSpeed: ZeRO stages 0-3 with offload, and the pipeline engine."""

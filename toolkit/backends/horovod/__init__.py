@@ -1,0 +1,1 @@
+"""Horovod for PyTorch and TensorFlow (ring-allreduce over Gloo or MPI)."""

@@ -1,0 +1,1 @@
+"""MPI through mpi4py: the transport Horovod and the launchers lean on."""

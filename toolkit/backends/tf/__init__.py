@@ -1,0 +1,1 @@
+"""TensorFlow tf.distribute: MirroredStrategy and MultiWorkerMirroredStrategy."""
