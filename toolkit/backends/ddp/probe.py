@@ -21,8 +21,7 @@ def probe() -> ProbeReport:
         installed=True,
         version=torch.__version__,
         details={
-            "cuda": torch.cuda.is_available(),
-            "cuda_version": torch.version.cuda,
+            "cuda": torch.version.cuda or False,
             "distributed_transports": [name for name, ok in transports.items() if ok],
             "threads": torch.get_num_threads(),
         },

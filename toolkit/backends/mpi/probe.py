@@ -21,7 +21,7 @@ def probe() -> ProbeReport:
         version=mpi4py.__version__,
         details={
             "implementation": _implementation(library),
-            "library": library,
+            "library": library.split(",")[0],
             "mpi_standard": f"{major}.{minor}",
         },
     )

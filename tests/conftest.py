@@ -1,0 +1,32 @@
+"""Shared test fixtures. Keep this file small: fixtures used by one test module live there."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+# pytest itself rewrites this one at every phase of every test.
+_PYTEST_OWNED = {"PYTEST_CURRENT_TEST"}
+
+
+@pytest.fixture(autouse=True)
+def no_environ_leak() -> Iterator[None]:
+    """Fail any test that leaves os.environ changed (use monkeypatch.setenv, which undoes
+    itself), and put the old values back so that the leak does not spread to later tests."""
+    before = dict(os.environ)
+    yield
+    after = dict(os.environ)
+    changed = sorted(
+        key
+        for key in (before.keys() | after.keys()) - _PYTEST_OWNED
+        if before.get(key) != after.get(key)
+    )
+    if changed:
+        for key in changed:
+            if key in before:
+                os.environ[key] = before[key]
+            else:
+                del os.environ[key]
+        pytest.fail(f"test changed os.environ and did not restore it: {', '.join(changed)}")

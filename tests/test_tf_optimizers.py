@@ -1,0 +1,80 @@
+"""The spec's optimizers mean the same update in TensorFlow as in PyTorch (single process)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+torch = pytest.importorskip("torch")
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+from toolkit.backends.tf.optimizers import TorchAdam, TorchSGD  # noqa: E402
+
+RNG = np.random.default_rng(0)
+W0 = RNG.standard_normal((5, 3)).astype(np.float32)
+GRADS = [RNG.standard_normal((5, 3)).astype(np.float32) for _ in range(8)]
+
+CASES: list[tuple[str, Callable[[list[Any]], Any], Callable[[], Any]]] = [
+    (
+        "sgd-momentum-l2",
+        lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01),
+        lambda: TorchSGD(learning_rate=0.1, momentum=0.9, weight_decay=0.01, nesterov=False),
+    ),
+    (
+        "sgd-nesterov",
+        lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True),
+        lambda: TorchSGD(learning_rate=0.1, momentum=0.9, weight_decay=0.0, nesterov=True),
+    ),
+    (
+        "adam-l2",
+        lambda ps: torch.optim.Adam(ps, lr=0.01, betas=(0.9, 0.99), eps=1e-3, weight_decay=0.1),
+        lambda: TorchAdam(
+            learning_rate=0.01, beta_1=0.9, beta_2=0.99, epsilon=1e-3, weight_decay=0.1,
+            decoupled=False,
+        ),
+    ),
+    (
+        "adamw",
+        lambda ps: torch.optim.AdamW(ps, lr=0.01, betas=(0.9, 0.99), eps=1e-3, weight_decay=0.1),
+        lambda: TorchAdam(
+            learning_rate=0.01, beta_1=0.9, beta_2=0.99, epsilon=1e-3, weight_decay=0.1,
+            decoupled=True,
+        ),
+    ),
+]
+
+
+def torch_result(make: Callable[[list[Any]], Any]) -> np.ndarray:
+    parameter = torch.nn.Parameter(torch.tensor(W0))
+    optimizer = make([parameter])
+    for grad in GRADS:
+        parameter.grad = torch.tensor(grad)
+        optimizer.step()
+    return parameter.detach().numpy()
+
+
+def tf_result(optimizer: Any) -> np.ndarray:
+    variable = keras.Variable(W0)
+    for grad in GRADS:
+        optimizer.apply_gradients([(tf.constant(grad), variable)])
+    return np.asarray(variable)
+
+
+@pytest.mark.parametrize(("name", "make_torch", "make_tf"), CASES, ids=[c[0] for c in CASES])
+def test_tf_update_equals_torch_update(
+    name: str, make_torch: Callable[[list[Any]], Any], make_tf: Callable[[], Any]
+) -> None:
+    np.testing.assert_allclose(tf_result(make_tf()), torch_result(make_torch), rtol=1e-6, atol=1e-6)
+
+
+def test_keras_adam_is_not_torch_adam() -> None:
+    """The finding that motivates TorchAdam: Keras' epsilon sits elsewhere, so weights differ."""
+    keras_adam = keras.optimizers.Adam(learning_rate=0.01, beta_1=0.9, beta_2=0.99, epsilon=1e-3)
+    torch_adam = torch_result(lambda ps: torch.optim.Adam(ps, lr=0.01, betas=(0.9, 0.99), eps=1e-3))
+    assert np.max(np.abs(tf_result(keras_adam) - torch_adam)) > 1e-5

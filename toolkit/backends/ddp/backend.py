@@ -1,0 +1,89 @@
+"""PyTorch DistributedDataParallel over gloo: the reference every other engine is held to.
+
+Accumulation uses DDP's own `no_sync()`: gradients of all but the last micro-batch stay local,
+and the last backward all-reduces the sum. Each micro-batch's loss is divided by the number of
+micro-batches, and DDP averages over ranks, so the step's gradient is the global-batch mean.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import nullcontext
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from toolkit.backends import torch_common as common
+from toolkit.backends.base import Backend, LossFn, MicroBatch
+
+
+class DDPBackend(Backend):
+    model: DistributedDataParallel
+    optimizer: torch.optim.Optimizer
+
+    def setup(self) -> None:
+        common.configure_threads(self.spec)
+        common.export_torch_env(self.env, common.rendezvous(self.spec, self.env))
+        if not dist.is_initialized():
+            dist.init_process_group(
+                "gloo", init_method="env://", rank=self.env.rank,
+                world_size=self.env.world_size, timeout=common.COLLECTIVE_TIMEOUT,
+            )
+        self.scaler = common.grad_scaler(self.spec)
+
+    def prepare(self, model: Any, optimizer: Any | None = None) -> DistributedDataParallel:
+        module = common.require_module(model)
+        # DDP broadcasts rank 0's parameters and buffers at construction.
+        self.model = DistributedDataParallel(module, broadcast_buffers=True)
+        lr = self.spec.effective_lr(self.env.world_size)
+        self.optimizer = optimizer or common.build_optimizer(self.model.parameters(), self.spec, lr)
+        return self.model
+
+    def train_step(self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn) -> float:
+        self.optimizer.zero_grad(set_to_none=True)
+        count = len(micro_batches)
+        total = torch.zeros((), dtype=torch.float64)
+        for index, (inputs, targets) in enumerate(common.as_tensors(micro_batches)):
+            sync = nullcontext() if index == count - 1 else self.model.no_sync()
+            with sync:
+                with common.autocast(self.spec):
+                    loss = loss_fn(self.model(inputs), targets)
+                scaled = loss / count
+                (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+            total += loss.detach().double()
+        self._step()
+        return float(self.allreduce(total / count))
+
+    def _step(self) -> None:
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        if self.spec.clip_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.clip_grad_norm)
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+
+    def full_state_dict(self) -> dict[str, np.ndarray]:
+        return common.numpy_state(self.model.module)
+
+    def allreduce(self, value: Any, op: str = "mean") -> Any:
+        tensor = common.to_tensor(value).clone()
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor / self.env.world_size if op == "mean" else tensor
+
+    def broadcast(self, value: Any, root: int = 0) -> Any:
+        tensor = common.to_tensor(value).clone()
+        dist.broadcast(tensor, src=root)
+        return tensor
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()

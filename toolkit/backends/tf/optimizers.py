@@ -1,0 +1,87 @@
+"""Keras optimizers that mean exactly what the spec's optimizer means in PyTorch.
+
+Why not Keras' own: the spec has one meaning for every engine, and PyTorch's is the reference.
+Keras differs in ways that move the weights:
+- `keras.optimizers.Adam` adds epsilon to sqrt(v) before bias correction ("epsilon hat"), i.e. its
+  epsilon equals torch's epsilon × sqrt(1 - beta2^t), which changes with the step.
+- Keras' `weight_decay` is always decoupled (AdamW-style), also for SGD and Adam, where torch's
+  `weight_decay` is an L2 term added to the gradient.
+The update rules below follow torch.optim.SGD (dampening 0), Adam and AdamW line by line.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+from keras import ops
+
+
+class TorchSGD(keras.optimizers.Optimizer):  # type: ignore[misc]
+    """torch.optim.SGD: buf = momentum*buf + g (+ L2), p -= lr * (nesterov ? g + momentum*buf : buf)."""
+
+    def __init__(
+        self, *, learning_rate: float, momentum: float, weight_decay: float, nesterov: bool,
+        name: str = "torch_sgd", **kwargs: Any,
+    ) -> None:
+        super().__init__(learning_rate=learning_rate, name=name, **kwargs)
+        self.momentum = momentum
+        self.l2 = weight_decay
+        self.nesterov = nesterov
+
+    def build(self, variables: list[Any]) -> None:
+        if self.built:
+            return
+        super().build(variables)
+        self.momenta = [self.add_variable_from_reference(v, "momentum") for v in variables]
+
+    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
+        lr = ops.cast(learning_rate, variable.dtype)
+        grad = ops.cast(gradient, variable.dtype)
+        if self.l2:
+            grad = grad + self.l2 * variable
+        if self.momentum:
+            # torch starts the buffer at the first gradient; from zeros, momentum*0 + g is that.
+            buffer = self.momenta[self._get_variable_index(variable)]
+            self.assign(buffer, self.momentum * buffer + grad)
+            grad = grad + self.momentum * buffer if self.nesterov else buffer
+        self.assign_sub(variable, lr * grad)
+
+
+class TorchAdam(keras.optimizers.Optimizer):  # type: ignore[misc]
+    """torch.optim.Adam (L2 weight decay) or, with `decoupled=True`, torch.optim.AdamW."""
+
+    def __init__(
+        self, *, learning_rate: float, beta_1: float, beta_2: float, epsilon: float,
+        weight_decay: float, decoupled: bool, name: str = "torch_adam", **kwargs: Any,
+    ) -> None:
+        super().__init__(learning_rate=learning_rate, name=name, **kwargs)
+        self.beta_1 = beta_1
+        self.beta_2 = beta_2
+        self.eps = epsilon
+        self.decay = weight_decay
+        self.decoupled = decoupled
+
+    def build(self, variables: list[Any]) -> None:
+        if self.built:
+            return
+        super().build(variables)
+        self.exp_avgs = [self.add_variable_from_reference(v, "exp_avg") for v in variables]
+        self.exp_avg_sqs = [self.add_variable_from_reference(v, "exp_avg_sq") for v in variables]
+
+    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
+        lr = ops.cast(learning_rate, variable.dtype)
+        grad = ops.cast(gradient, variable.dtype)
+        step = ops.cast(self.iterations + 1, variable.dtype)
+        index = self._get_variable_index(variable)
+        exp_avg, exp_avg_sq = self.exp_avgs[index], self.exp_avg_sqs[index]
+        if self.decay and self.decoupled:
+            self.assign(variable, variable * (1.0 - lr * self.decay))
+        elif self.decay:
+            grad = grad + self.decay * variable
+        self.assign(exp_avg, self.beta_1 * exp_avg + (1.0 - self.beta_1) * grad)
+        self.assign(exp_avg_sq, self.beta_2 * exp_avg_sq + (1.0 - self.beta_2) * grad * grad)
+        bias_correction1 = 1.0 - ops.power(ops.cast(self.beta_1, variable.dtype), step)
+        bias_correction2 = 1.0 - ops.power(ops.cast(self.beta_2, variable.dtype), step)
+        denominator = ops.sqrt(exp_avg_sq) / ops.sqrt(bias_correction2) + self.eps
+        self.assign_sub(variable, (lr / bias_correction1) * exp_avg / denominator)

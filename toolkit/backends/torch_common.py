@@ -1,0 +1,138 @@
+"""What every PyTorch engine shares: the spec's optimizer, precision, rendezvous, conversions.
+
+Imported only by the torch backends (ddp, horovod for torch, deepspeed).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+import torch
+
+from toolkit.backends.base import MicroBatch, Rendezvous
+from toolkit.backends.registry import MPI_ENVIRONMENTS
+from toolkit.errors import ToolkitError
+from toolkit.launch.environment import LaunchEnvironment
+from toolkit.launch.supervisor import free_port
+from toolkit.spec import TrainSpec
+
+# Every blocking collective gives up after this long instead of hanging forever when a peer
+# died; the launcher supervisor then stops the rest.
+COLLECTIVE_TIMEOUT = timedelta(seconds=300)
+
+
+def configure_threads(spec: TrainSpec) -> None:
+    """Ranks sharing few cores must not each start a full thread pool (see shared/STACK.md)."""
+    torch.set_num_threads(spec.launch.threads_per_rank)
+
+
+def seed_everything(seed: int) -> None:
+    """Same seed on every rank: identical initial weights before any broadcast."""
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+
+
+def build_optimizer(params: Any, spec: TrainSpec, lr: float) -> torch.optim.Optimizer:
+    """The spec's optimizer with every constant passed explicitly (no torch defaults).
+
+    `foreach=False` fixes the per-parameter loop implementation on every engine, so that two
+    engines never differ by which kernel torch picked.
+    """
+    opt = spec.optimizer
+    if opt.name == "sgd":
+        return torch.optim.SGD(
+            params, lr=lr, momentum=opt.momentum, dampening=0.0, weight_decay=opt.weight_decay,
+            nesterov=opt.nesterov, foreach=False,
+        )
+    optimizer_class = torch.optim.AdamW if opt.name == "adamw" else torch.optim.Adam
+    return optimizer_class(
+        params, lr=lr, betas=tuple(opt.betas), eps=opt.eps, weight_decay=opt.weight_decay,
+        amsgrad=False, foreach=False,
+    )
+
+
+def autocast(spec: TrainSpec) -> AbstractContextManager[Any]:
+    """Mixed precision for the forward pass on CPU; fp32 runs without autocast."""
+    if spec.precision == "bf16":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    if spec.precision == "fp16":
+        return torch.autocast("cpu", dtype=torch.float16)
+    return nullcontext()
+
+
+def grad_scaler(spec: TrainSpec) -> torch.amp.GradScaler | None:
+    """fp16 loss scaling from the spec (dynamic unless loss_scale is fixed), None otherwise."""
+    if spec.precision != "fp16":
+        return None
+    scaling = spec.loss_scaling
+    if scaling.loss_scale:
+        # A fixed scale: never grow, never shrink.
+        return torch.amp.GradScaler(
+            "cpu", init_scale=scaling.loss_scale, growth_factor=1.0, backoff_factor=1.0,
+            growth_interval=2**31 - 1,
+        )
+    return torch.amp.GradScaler(
+        "cpu", init_scale=2.0**scaling.initial_scale_power, growth_factor=2.0,
+        backoff_factor=0.5, growth_interval=scaling.loss_scale_window,
+    )
+
+
+def rendezvous(spec: TrainSpec, env: LaunchEnvironment) -> Rendezvous:
+    """Where rank 0 of torch.distributed listens, from whatever launcher started us."""
+    if env.master_addr and env.master_port:
+        return Rendezvous(master_addr=env.master_addr, master_port=env.master_port)
+    if env.world_size == 1:
+        return Rendezvous(master_addr="127.0.0.1", master_port=free_port())
+    if env.launcher in MPI_ENVIRONMENTS:
+        from toolkit.backends.mpi.rendezvous import rank0_address
+
+        address, port = rank0_address(single_host=env.local_world_size == env.world_size)
+        return Rendezvous(master_addr=address, master_port=port)
+    if env.hosts:
+        return Rendezvous(master_addr=env.hosts[0], master_port=spec.launch.master_port)
+    return Rendezvous(master_addr=spec.master_addr, master_port=spec.launch.master_port)
+
+
+def export_torch_env(env: LaunchEnvironment, meeting: Rendezvous) -> None:
+    """The variables torch.distributed's env:// and DeepSpeed read, from any launcher."""
+    os.environ.update(
+        MASTER_ADDR=meeting.master_addr,
+        MASTER_PORT=str(meeting.master_port),
+        RANK=str(env.rank),
+        WORLD_SIZE=str(env.world_size),
+        LOCAL_RANK=str(env.local_rank),
+        LOCAL_WORLD_SIZE=str(env.local_world_size),
+    )
+
+
+def to_tensor(value: Any) -> torch.Tensor:
+    return value if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value))
+
+
+def as_tensors(micro_batches: Sequence[MicroBatch]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    for inputs, targets in micro_batches:
+        yield to_tensor(inputs), to_tensor(targets)
+
+
+def numpy_state(module: torch.nn.Module) -> dict[str, np.ndarray]:
+    """Parameters and buffers as float32 numpy copies (the portable weights format)."""
+    return {
+        name: tensor.detach().float().cpu().numpy().copy()
+        for name, tensor in module.state_dict().items()
+        if tensor.is_floating_point()
+    }
+
+
+def require_module(model: Any) -> torch.nn.Module:
+    if not isinstance(model, torch.nn.Module):
+        raise ToolkitError(
+            f"prepare() needs a torch.nn.Module for a torch backend, got {type(model).__name__}.",
+            "build the model with torch, or set framework: tensorflow with a TF backend",
+        )
+    return model
+

@@ -1,0 +1,300 @@
+"""TrainSpec + a command -> what each launcher is run with: argv lists, env, files, per-rank env.
+
+Pure functions: facts about the machine that change the command (the user id for
+`--allow-run-as-root`, the core count for `--oversubscribe`, the interpreter) come in through
+`LaunchContext`; nothing here reads the environment, touches files or starts anything. Commands
+are argv lists from end to end, never shell strings, so a script argument like "a; rm -rf /"
+stays one argv element and no host name or argument ever meets a shell here.
+
+For launchers that spawn the ranks themselves (horovodrun, mpirun, deepspeed, torchrun, srun),
+a plan holds the one launcher argv and, per rank, the variables that launcher gives the rank
+(values only known at run time are shown as RUNTIME). For `local`, the toolkit's own launcher,
+each rank has its own argv and full environment, including TF_CONFIG for tf.distribute.
+
+Launcher notes:
+- deepspeed: `--no_local_rank` keeps the script's own argv identical under every launcher
+  (otherwise it appends `--local_rank=N`); ranks read LOCAL_RANK from the environment. It runs
+  `.py` scripts with its own interpreter. A hostfile is only passed for remote or several hosts:
+  with any hostfile it takes the multi-node path and checks ssh even to localhost.
+- torchrun: c10d rendezvous at master_addr:master_port; the same command runs on every host.
+- mpirun: `--bind-to none` (ranks share few cores), `-x NAME` forwards each variable the plan
+  sets, `--allow-run-as-root` only for uid 0, `--oversubscribe` only when np exceeds the slots
+  (the hosts' slots, or the cores without hosts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from toolkit.render import horovod, tf
+from toolkit.render.hostfile import hostfile
+from toolkit.render.layout import Slot, job_hosts, rank_layout, uniform_slots
+from toolkit.spec import SpecError, TrainSpec
+from toolkit.spec.hosts import LOCAL_NAMES
+
+RUNTIME = "<set at run time>"
+"""Value of a rank variable that only the launcher knows once it runs."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchContext:
+    """Facts about the launching machine, injected so the renderers stay pure."""
+
+    uid: int
+    """User id of the launching process (0 = root)."""
+    cpu_count: int
+    """Cores on this machine: more ranks than this (without hosts) needs oversubscription."""
+    python: str
+    """Interpreter for .py scripts when the spec's launch.python is not set."""
+    run_dir: str = ".toolkit"
+    """Directory for generated files such as the deepspeed hostfile."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankPlan:
+    """One rank: where it runs and what the launcher gives it."""
+
+    rank: int
+    """Global rank."""
+    host: str
+    """Host the rank runs on."""
+    env: dict[str, str]
+    """Variables the launcher sets for this rank (all of its extra environment for local)."""
+    argv: list[str] | None = None
+    """The rank's own command, for the local launcher; None when a launcher spawns it."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchPlan:
+    """Everything needed to start a job; executed elsewhere (toolkit.launch)."""
+
+    launcher: str
+    """Which launcher."""
+    argv: list[str] | None
+    """The launcher command; None for local (see each rank's argv)."""
+    env: dict[str, str]
+    """Variables added to the launcher's environment (and forwarded to every rank)."""
+    ranks: list[RankPlan]
+    """Per rank, in rank order."""
+    files: dict[str, str] = field(default_factory=dict)
+    """Files to write before launching: path -> content."""
+    note: str | None = None
+    """Anything the user must do by hand, e.g. run the command on every host."""
+
+
+Builder = Callable[[TrainSpec, list[str], LaunchContext], LaunchPlan]
+
+
+def program(spec: TrainSpec, command: Sequence[str], ctx: LaunchContext) -> list[str]:
+    """The per-rank command: `python script.py args` for .py scripts, else the command as is."""
+    if not command:
+        raise SpecError.single("command", list(command), "must name a script to run")
+    if command[0].endswith(".py"):
+        return [spec.launch.python or ctx.python, *command]
+    return list(command)
+
+
+def base_env(spec: TrainSpec) -> dict[str, str]:
+    """Variables every rank gets from the toolkit: threads, Horovod settings, launch.env."""
+    env = {"OMP_NUM_THREADS": str(spec.launch.threads_per_rank)}
+    if spec.backend == "horovod":
+        env.update(horovod.environment(spec))
+    env.update(spec.launch.env)
+    return env
+
+
+def _torch_env(spec: TrainSpec, slot: Slot) -> dict[str, str]:
+    return {
+        "RANK": str(slot.rank),
+        "LOCAL_RANK": str(slot.local_rank),
+        "WORLD_SIZE": str(spec.world_size),
+        "LOCAL_WORLD_SIZE": str(slot.local_size),
+        "MASTER_ADDR": spec.master_addr,
+        "MASTER_PORT": str(spec.launch.master_port),
+    }
+
+
+def _ompi_env(spec: TrainSpec, slot: Slot) -> dict[str, str]:
+    return {
+        "OMPI_COMM_WORLD_RANK": str(slot.rank),
+        "OMPI_COMM_WORLD_SIZE": str(spec.world_size),
+        "OMPI_COMM_WORLD_LOCAL_RANK": str(slot.local_rank),
+        "OMPI_COMM_WORLD_LOCAL_SIZE": str(slot.local_size),
+        "OMPI_COMM_WORLD_NODE_RANK": str(slot.node),
+    }
+
+
+def _ranks(spec: TrainSpec, env_of: Callable[[Slot], dict[str, str]]) -> list[RankPlan]:
+    return [RankPlan(rank=s.rank, host=s.host, env=env_of(s)) for s in rank_layout(spec)]
+
+
+def _is_local(spec: TrainSpec) -> bool:
+    return all(host.name in LOCAL_NAMES for host in spec.hosts) and len(spec.hosts) <= 1
+
+
+def mpirun(spec: TrainSpec, command: list[str], ctx: LaunchContext) -> LaunchPlan:
+    """Open MPI's mpirun."""
+    env = base_env(spec)
+    capacity = sum(h.slots for h in spec.hosts) if spec.hosts else ctx.cpu_count
+    argv = ["mpirun"]
+    if ctx.uid == 0:
+        argv.append("--allow-run-as-root")
+    argv += ["-np", str(spec.world_size)]
+    if spec.hosts:
+        argv += ["-H", ",".join(host.entry() for host in spec.hosts)]
+    if spec.world_size > capacity:
+        argv.append("--oversubscribe")
+    argv += ["--bind-to", "none", "--map-by", "slot"]
+    for name in env:
+        argv += ["-x", name]
+    argv += program(spec, command, ctx)
+    return LaunchPlan(
+        launcher="mpirun", argv=argv, env=env, ranks=_ranks(spec, lambda s: _ompi_env(spec, s))
+    )
+
+
+def _horovod_gloo_env(spec: TrainSpec, slot: Slot) -> dict[str, str]:
+    hosts = job_hosts(spec)
+    layout = rank_layout(spec)
+    # Horovod's cross communicator joins the ranks with the same local rank, one per host.
+    peers = sorted({s.node for s in layout if s.local_rank == slot.local_rank})
+    return {
+        "HOROVOD_RANK": str(slot.rank),
+        "HOROVOD_SIZE": str(spec.world_size),
+        "HOROVOD_LOCAL_RANK": str(slot.local_rank),
+        "HOROVOD_LOCAL_SIZE": str(slot.local_size),
+        "HOROVOD_CROSS_RANK": str(peers.index(slot.node)),
+        "HOROVOD_CROSS_SIZE": str(len(peers)),
+        "HOROVOD_HOSTNAME": hosts[slot.node].name,
+        "HOROVOD_CONTROLLER": "gloo",
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": RUNTIME,
+        "HOROVOD_GLOO_RENDEZVOUS_PORT": RUNTIME,
+    }
+
+
+def horovodrun(spec: TrainSpec, command: list[str], ctx: LaunchContext) -> LaunchPlan:
+    """Horovod's horovodrun, with the Gloo or MPI controller (it adds the MPI root flag)."""
+    hosts = ",".join(host.entry() for host in job_hosts(spec))
+    argv = ["horovodrun", "-np", str(spec.world_size), "-H", hosts]
+    argv += horovod.horovodrun_flags(spec) + program(spec, command, ctx)
+    if spec.horovod.controller == "gloo":
+        ranks = _ranks(spec, lambda s: _horovod_gloo_env(spec, s))
+    else:
+        ranks = _ranks(spec, lambda s: _ompi_env(spec, s))
+    env = base_env(spec)
+    return LaunchPlan(launcher="horovodrun", argv=argv, env=env, ranks=ranks)
+
+
+def deepspeed(spec: TrainSpec, command: list[str], ctx: LaunchContext) -> LaunchPlan:
+    """The deepspeed launcher (pdsh/openmpi/mvapich/slurm underneath for several hosts)."""
+    argv = ["deepspeed"]
+    files: dict[str, str] = {}
+    hosts = job_hosts(spec)
+    if not _is_local(spec):
+        path = f"{ctx.run_dir}/hostfile"
+        files[path] = hostfile(spec)
+        argv += ["--hostfile", path, "--launcher", spec.launch.multinode_launcher]
+        argv += ["--num_nodes", str(len(hosts))]
+    per_node = uniform_slots(spec)
+    if per_node is not None:
+        argv += ["--num_gpus", str(per_node)]
+    argv += ["--master_addr", spec.master_addr, "--master_port", str(spec.launch.master_port)]
+    argv.append("--no_local_rank")
+    if not command or not command[0].endswith(".py"):
+        argv.append("--no_python")
+    argv += list(command)
+
+    def env_of(slot: Slot) -> dict[str, str]:
+        env = _torch_env(spec, slot)
+        del env["LOCAL_WORLD_SIZE"]
+        env["LOCAL_SIZE"] = str(slot.local_size)
+        env["CROSS_RANK"] = str(slot.node)
+        env["CROSS_SIZE"] = str(len(hosts))
+        return env
+
+    return LaunchPlan(
+        launcher="deepspeed", argv=argv, env=base_env(spec), ranks=_ranks(spec, env_of), files=files
+    )
+
+
+def torchrun(spec: TrainSpec, command: list[str], ctx: LaunchContext) -> LaunchPlan:
+    """PyTorch's torchrun with c10d rendezvous; several hosts run the same command each."""
+    hosts = job_hosts(spec)
+    per_node = uniform_slots(spec)
+    if per_node is None:  # validation requires equal slots; kept as an error, not an assert
+        raise SpecError.single("launch.hosts", spec.launch.hosts, "torchrun needs equal slots")
+    argv = ["torchrun", "--nnodes", str(len(hosts)), "--nproc-per-node", str(per_node)]
+    argv += ["--rdzv-backend", "c10d"]
+    argv += ["--rdzv-endpoint", f"{spec.master_addr}:{spec.launch.master_port}"]
+    argv += ["--rdzv-id", spec.launch.job_name, "--max-restarts", "0"]
+    if not command or not command[0].endswith(".py"):
+        argv.append("--no-python")
+    argv += list(command)
+
+    def env_of(slot: Slot) -> dict[str, str]:
+        env = _torch_env(spec, slot)
+        env.update(GROUP_RANK=str(slot.node), MASTER_ADDR=RUNTIME, MASTER_PORT=RUNTIME)
+        return env
+
+    note = f"run this command on each of the {len(hosts)} hosts" if len(hosts) > 1 else None
+    return LaunchPlan(
+        launcher="torchrun", argv=argv, env=base_env(spec), ranks=_ranks(spec, env_of), note=note
+    )
+
+
+def srun(spec: TrainSpec, command: list[str], ctx: LaunchContext) -> LaunchPlan:
+    """Slurm's srun: one task per rank, the job killed when any task fails."""
+    hosts = job_hosts(spec)
+    argv = ["srun", f"--ntasks={spec.world_size}", f"--nodes={len(hosts)}"]
+    per_node = uniform_slots(spec)
+    if per_node is not None:
+        argv.append(f"--ntasks-per-node={per_node}")
+    if spec.hosts:
+        argv.append("--nodelist=" + ",".join(host.name for host in spec.hosts))
+    argv += [f"--cpus-per-task={spec.launch.threads_per_rank}", "--kill-on-bad-exit=1"]
+    if spec.launch.partition:
+        argv.append(f"--partition={spec.launch.partition}")
+    argv += program(spec, command, ctx)
+    nodelist = ",".join(host.name for host in spec.hosts) if spec.hosts else RUNTIME
+
+    def env_of(slot: Slot) -> dict[str, str]:
+        return {
+            "SLURM_PROCID": str(slot.rank),
+            "SLURM_NTASKS": str(spec.world_size),
+            "SLURM_LOCALID": str(slot.local_rank),
+            "SLURM_NODEID": str(slot.node),
+            "SLURM_JOB_NODELIST": nodelist,
+        }
+
+    return LaunchPlan(launcher="srun", argv=argv, env=base_env(spec), ranks=_ranks(spec, env_of))
+
+
+def local(spec: TrainSpec, command: list[str], ctx: LaunchContext) -> LaunchPlan:
+    """The toolkit's own launcher: one process per rank on this machine, each fully described."""
+    argv = program(spec, command, ctx)
+    ranks = []
+    for slot in rank_layout(spec):
+        env = {**base_env(spec), **_torch_env(spec, slot)}
+        if spec.backend == "tf":
+            env["TF_CONFIG"] = tf.tf_config(spec, slot.rank)
+        ranks.append(RankPlan(rank=slot.rank, host=slot.host, env=env, argv=list(argv)))
+    return LaunchPlan(launcher="local", argv=None, env={}, ranks=ranks)
+
+
+BUILDERS: dict[str, Builder] = {
+    "horovodrun": horovodrun,
+    "mpirun": mpirun,
+    "deepspeed": deepspeed,
+    "torchrun": torchrun,
+    "srun": srun,
+    "local": local,
+}
+"""Launcher name -> plan builder; a new launcher is one function and one entry."""
+
+
+def launch_plan(spec: TrainSpec, command: Sequence[str], ctx: LaunchContext) -> LaunchPlan:
+    """The plan for running `command` (script and its arguments) under the spec's launcher."""
+    if not command:
+        raise SpecError.single("command", [], "must name a script to run", hint="-- SCRIPT ARGS")
+    return BUILDERS[spec.launcher](spec, list(command), ctx)

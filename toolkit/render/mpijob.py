@@ -1,0 +1,86 @@
+"""TrainSpec + command -> a Kubeflow MPIJob (kubeflow.org/v2beta1) manifest, as a dict.
+
+Pure. The launcher pod runs mpirun over the worker pods (the MPI operator provides the
+hostfile, so no -H); workers run sshd and wait. Workers follow the spec's hosts (one pod per
+host, its slots per pod) or are one pod with np slots. Containers get the toolkit's variables
+both as pod env and forwarded by `mpirun -x`. Required by v2beta1: apiVersion, kind,
+metadata.name, spec.slotsPerWorker, spec.runPolicy, spec.mpiImplementation and
+spec.mpiReplicaSpecs.{Launcher,Worker} with replicas and template.spec.containers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from toolkit.render.launchers import base_env
+from toolkit.render.layout import job_hosts, uniform_slots
+from toolkit.spec import SpecError, TrainSpec
+
+API_VERSION = "kubeflow.org/v2beta1"
+
+
+def mpijob_manifest(spec: TrainSpec, command: Sequence[str]) -> dict[str, Any]:
+    """The MPIJob manifest; SpecError unless the spec's launcher is mpirun and slots are equal."""
+    if spec.launcher != "mpirun":
+        raise SpecError.single(
+            "launch.launcher",
+            spec.launcher,
+            "an MPIJob starts ranks with mpirun",
+            hint="set launch.launcher: mpirun",
+        )
+    slots = uniform_slots(spec)
+    if slots is None:
+        raise SpecError.single(
+            "launch.hosts",
+            list(spec.launch.hosts),
+            "MPIJob workers all have the same slotsPerWorker",
+            hint="give every host the same slots",
+        )
+    if not command:
+        raise SpecError.single("command", [], "must name a script to run")
+    python = spec.launch.python or "python"
+    program = [python, *command] if command[0].endswith(".py") else list(command)
+    env = base_env(spec)
+    mpirun_args = ["--allow-run-as-root", "-np", str(spec.world_size), "--bind-to", "none"]
+    mpirun_args += ["--map-by", "slot"]
+    for name in env:
+        mpirun_args += ["-x", name]
+    pod_env = [{"name": name, "value": value} for name, value in env.items()]
+    image = spec.launch.image
+
+    def replica(replicas: int, container: dict[str, Any]) -> dict[str, Any]:
+        return {"replicas": replicas, "template": {"spec": {"containers": [container]}}}
+
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "MPIJob",
+        "metadata": {"name": spec.launch.job_name},
+        "spec": {
+            "slotsPerWorker": slots,
+            "runPolicy": {"cleanPodPolicy": "Running"},
+            "mpiImplementation": "OpenMPI",
+            "mpiReplicaSpecs": {
+                "Launcher": replica(
+                    1,
+                    {
+                        "name": "launcher",
+                        "image": image,
+                        "command": ["mpirun"],
+                        "args": mpirun_args + program,
+                        "env": pod_env,
+                    },
+                ),
+                "Worker": replica(
+                    len(job_hosts(spec)),
+                    {
+                        "name": "worker",
+                        "image": image,
+                        "command": ["/usr/sbin/sshd"],
+                        "args": ["-De"],
+                        "env": pod_env,
+                    },
+                ),
+            },
+        },
+    }

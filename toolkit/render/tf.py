@@ -1,0 +1,42 @@
+"""TrainSpec -> tf.distribute settings: TF_CONFIG per worker and communication options.
+
+Pure: imports no engine. Worker i listens on host:port, with ports counting up from `tf.port`
+on each host, in the same rank order every launcher uses (hosts in order, slots filled).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from toolkit.render.layout import rank_layout
+from toolkit.spec import SpecError, TrainSpec
+
+
+def worker_addresses(spec: TrainSpec) -> list[str]:
+    """host:port of every worker, by worker index."""
+    return [f"{slot.host}:{spec.tf.port + slot.local_rank}" for slot in rank_layout(spec)]
+
+
+def tf_config(spec: TrainSpec, index: int) -> str:
+    """The TF_CONFIG JSON string of worker `index`."""
+    workers = worker_addresses(spec)
+    if not 0 <= index < len(workers):
+        raise SpecError.single(
+            "tf.worker_index", index, f"must be in [0, {len(workers)})", hint="one per rank"
+        )
+    data = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
+    return json.dumps(data, separators=(",", ":"))
+
+
+def tf_configs(spec: TrainSpec) -> list[str]:
+    """TF_CONFIG for every worker."""
+    return [tf_config(spec, index) for index in range(spec.world_size)]
+
+
+def communication_options(spec: TrainSpec) -> dict[str, Any]:
+    """Keyword arguments of tf.distribute.experimental.CommunicationOptions, as names.
+
+    The backend turns "RING" into CommunicationImplementation.RING.
+    """
+    return {"implementation": spec.tf.communication.upper()}

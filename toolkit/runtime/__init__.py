@@ -1,0 +1,5 @@
+"""The runtime API: `init(spec)` returns a `Run` over whichever engine the spec names."""
+
+from toolkit.runtime.run import Run, init
+
+__all__ = ["Run", "init"]

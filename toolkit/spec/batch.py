@@ -1,0 +1,95 @@
+"""The batch contract: global = micro * accumulation * data-parallel ranks.
+
+Data-parallel ranks (dp) are the world size divided by the pipeline stages: every stage of one
+pipeline sees the same samples. This is DeepSpeed's own rule (`train_batch_size ==
+train_micro_batch_size_per_gpu * gradient_accumulation_steps * dp`, checked in
+`DeepSpeedConfig._batch_assertion`), and every other engine is held to it too.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from toolkit.spec.errors import SpecError, SpecIssue
+
+X = "\u00d7"
+"""The multiplication sign of the messages (escaped: ruff flags it as confusable)."""
+
+if TYPE_CHECKING:
+    from toolkit.spec.model import BatchSpec, ResolvedBatch
+
+
+def data_parallel_size(world_size: int, stages: int) -> int:
+    """World size / pipeline stages; SpecError when the stages do not divide the world."""
+    if world_size < 1:
+        raise SpecError.single("launch.np", world_size, "must be at least 1")
+    if stages < 1 or world_size % stages:
+        raise SpecError.single(
+            "pipeline.stages",
+            stages,
+            f"must divide the world size ({world_size})",
+            hint=f"use a divisor of {world_size}, or change launch.np",
+        )
+    return world_size // stages
+
+
+def resolve_batch(batch: BatchSpec, world_size: int, stages: int) -> ResolvedBatch:
+    """Derive the missing member of the triple for `world_size`; SpecError when impossible."""
+    from toolkit.spec.model import ResolvedBatch
+
+    dp = data_parallel_size(world_size, stages)
+    global_, micro, accum = batch.global_, batch.micro, batch.accumulation
+    for path, value in (("batch.global", global_), ("batch.micro", micro)):
+        if value is not None and value < 1:
+            raise SpecError.single(path, value, "must be a positive integer")
+    if accum is not None and accum < 1:
+        raise SpecError.single("batch.accumulation", accum, "must be a positive integer")
+    ranks = f"data-parallel ranks({dp})"
+    world = f" (world size {world_size} / pipeline stages {stages})"
+    if global_ is None:
+        micro = 1 if micro is None else micro
+        accum = 1 if accum is None else accum
+        return ResolvedBatch(global_=micro * accum * dp, micro=micro, accumulation=accum, dp=dp)
+    if micro is None:
+        accum = 1 if accum is None else accum
+        if global_ % (accum * dp):
+            raise SpecError.single(
+                "batch.global",
+                global_,
+                f"must be divisible by accumulation({accum}) {X} {ranks} = {accum * dp} "
+                f"to derive micro{world}",
+                hint=f"make batch.global a multiple of {accum * dp} or give batch.micro",
+            )
+        return ResolvedBatch(
+            global_=global_, micro=global_ // (accum * dp), accumulation=accum, dp=dp
+        )
+    if accum is None:
+        if global_ % (micro * dp):
+            raise SpecError.single(
+                "batch.global",
+                global_,
+                f"must be divisible by micro({micro}) {X} {ranks} = {micro * dp} "
+                f"to derive accumulation{world}",
+                hint=f"make batch.global a multiple of {micro * dp}",
+            )
+        return ResolvedBatch(
+            global_=global_, micro=micro, accumulation=global_ // (micro * dp), dp=dp
+        )
+    if global_ != micro * accum * dp:
+        raise SpecError.single(
+            "batch.global",
+            global_,
+            f"must equal micro({micro}) {X} accumulation({accum}) {X} {ranks} "
+            f"= {micro * accum * dp}{world}",
+            hint="give only two of global, micro and accumulation and let the third be derived",
+        )
+    return ResolvedBatch(global_=global_, micro=micro, accumulation=accum, dp=dp)
+
+
+def batch_issues(batch: BatchSpec, world_size: int, stages: int) -> list[SpecIssue]:
+    """`resolve_batch`'s problems as a list (empty when the triple works)."""
+    try:
+        resolve_batch(batch, world_size, stages)
+    except SpecError as error:
+        return list(error.issues)
+    return []

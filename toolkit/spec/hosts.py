@@ -1,0 +1,119 @@
+"""Host lists and hostfiles: "name:slots" entries and "name slots=N" lines.
+
+Host names end up as argv elements of launchers that may hand them to ssh, pdsh or a shell on a
+remote machine, so they are held to what a host name can be (letters, digits, dots and dashes,
+RFC 1123) and anything else, shell metacharacters first of all, is a SpecError.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from toolkit.spec.errors import SpecIssue
+
+HOST_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?"
+"""RFC 1123 host names and dotted IPv4 addresses."""
+_HOST_NAME = re.compile(HOST_NAME)
+_ENTRY = re.compile(r"^(?P<name>[^:\s]*)(?::(?P<slots>[^:]*))?$")
+_HOSTFILE_LINE = re.compile(r"^(?P<name>\S+)(?:\s+slots\s*=\s*(?P<slots>\S+))?$")
+
+LOCAL_NAMES = frozenset({"localhost", "127.0.0.1"})
+"""Names that mean this machine."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Host:
+    """One host and how many ranks it runs."""
+
+    name: str
+    """Host name or IPv4 address."""
+    slots: int
+    """Ranks on this host (> 0)."""
+
+    def entry(self) -> str:
+        """The "name:slots" form used by spec files, horovodrun -H and mpirun -H."""
+        return f"{self.name}:{self.slots}"
+
+
+def is_host_name(name: str) -> bool:
+    """True for an RFC 1123 host name or dotted IPv4 address, nothing a shell would act on."""
+    return bool(_HOST_NAME.fullmatch(name)) and ".." not in name
+
+
+def check_host_entry(text: object, path: str) -> SpecIssue | None:
+    """The issue with one "name[:slots]" entry, or None when it is valid."""
+    allowed = 'must be "name" or "name:slots" (letters, digits, dots, dashes; slots > 0)'
+    if not isinstance(text, str):
+        return SpecIssue(path=path, value=text, allowed=allowed, hint='write e.g. "node1:4"')
+    match = _ENTRY.match(text)
+    if match is None or not is_host_name(match["name"]):
+        return SpecIssue(
+            path=path,
+            value=text,
+            allowed=allowed,
+            hint="host names cannot contain spaces, quotes or shell characters",
+        )
+    slots = match["slots"]
+    if slots is not None and not (slots.isdigit() and int(slots) > 0):
+        return SpecIssue(path=path, value=text, allowed=allowed, hint="slots is a positive integer")
+    return None
+
+
+def check_host_list(entries: tuple[str, ...], path: str) -> list[SpecIssue]:
+    """Issues with a host list: malformed entries and hosts named twice."""
+    issues: list[SpecIssue] = []
+    seen: set[str] = set()
+    for index, text in enumerate(entries):
+        issue = check_host_entry(text, f"{path}[{index}]")
+        if issue is None and parse_host(text).name in seen:
+            where = f"{path}[{index}]"
+            issue = SpecIssue(path=where, value=text, allowed="duplicate host", hint="merge slots")
+        if issue is None:
+            seen.add(parse_host(text).name)
+        else:
+            issues.append(issue)
+    return issues
+
+
+def parse_host(text: str) -> Host:
+    """Parse an entry already accepted by `check_host_entry`."""
+    name, _, slots = text.partition(":")
+    return Host(name=name, slots=int(slots) if slots else 1)
+
+
+def parse_hostfile(text: str, path: str) -> tuple[list[str], list[SpecIssue]]:
+    """Host entries ("name:slots") from hostfile text, and the issues with its lines.
+
+    Accepts MPI/DeepSpeed lines ("node1 slots=4"), "node1:4" and bare "node1" (one slot);
+    blank lines and # comments are skipped.
+    """
+    entries: list[str] = []
+    issues: list[SpecIssue] = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        where = f"{path}:{number}"
+        match = _HOSTFILE_LINE.match(line)
+        if match is None:
+            issues.append(
+                SpecIssue(
+                    path=where,
+                    value=line,
+                    allowed='must be "name slots=N", "name:N" or "name"',
+                    hint="one host per line",
+                )
+            )
+            continue
+        entry = match["name"] if match["slots"] is None else f"{match['name']}:{match['slots']}"
+        issue = check_host_entry(entry, where)
+        if issue is None:
+            entries.append(entry)
+        else:
+            issues.append(issue)
+    if not entries and not issues:
+        issues.append(
+            SpecIssue(path=path, value=text, allowed="must list at least one host", hint=None)
+        )
+    return entries, issues
