@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Iterator
 
+import psutil
 import pytest
 
 # pytest itself rewrites this one at every phase of every test.
@@ -30,3 +32,24 @@ def no_environ_leak() -> Iterator[None]:
             else:
                 del os.environ[key]
         pytest.fail(f"test changed os.environ and did not restore it: {', '.join(changed)}")
+
+
+@pytest.fixture
+def no_orphans(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """For tests that start processes: fail the test if any process it started (found by a
+    marker in the environment, so reparented orphans are found too) outlives it, and kill
+    those processes first."""
+    marker = f"{os.getpid()}-{uuid.uuid4().hex}"
+    monkeypatch.setenv("TOOLKIT_TEST_PROCESS_MARK", marker)
+    yield
+    survivors = []
+    for process in psutil.process_iter():
+        try:
+            marked = process.environ().get("TOOLKIT_TEST_PROCESS_MARK") == marker
+            if marked and process.pid != os.getpid() and process.status() != psutil.STATUS_ZOMBIE:
+                survivors.append(f"{process.pid} {' '.join(process.cmdline())[:120]}")
+                process.kill()
+        except psutil.Error:
+            continue
+    if survivors:
+        pytest.fail("test left processes running (now killed):\n" + "\n".join(survivors))

@@ -26,9 +26,13 @@ def save_weights(path: str, weights: dict[str, np.ndarray], *, step: int, spec: 
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     meta = {"format": FORMAT_VERSION, "step": step, "backend": spec.backend, "spec": spec.to_dict()}
-    arrays: dict[str, Any] = {name: np.asarray(value, dtype=np.float32) for name, value in weights.items()}
+    arrays: dict[str, Any] = {
+        name: np.asarray(value, dtype=np.float32) for name, value in weights.items()
+    }
     arrays[META_KEY] = np.array(json.dumps(meta))
-    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    handle, temporary = tempfile.mkstemp(
+        dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"
+    )
     try:
         with os.fdopen(handle, "wb") as stream:
             np.savez(stream, **arrays)

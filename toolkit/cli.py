@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from toolkit import __version__
 from toolkit.errors import ToolkitError
 
-COMMANDS = ("doctor",)
+COMMANDS = ("doctor", "config", "spec", "launch")
 USER_ERROR_EXIT = 2
 
 

@@ -46,13 +46,23 @@ def build_optimizer(params: Any, spec: TrainSpec, lr: float) -> torch.optim.Opti
     opt = spec.optimizer
     if opt.name == "sgd":
         return torch.optim.SGD(
-            params, lr=lr, momentum=opt.momentum, dampening=0.0, weight_decay=opt.weight_decay,
-            nesterov=opt.nesterov, foreach=False,
+            params,
+            lr=lr,
+            momentum=opt.momentum,
+            dampening=0.0,
+            weight_decay=opt.weight_decay,
+            nesterov=opt.nesterov,
+            foreach=False,
         )
     optimizer_class = torch.optim.AdamW if opt.name == "adamw" else torch.optim.Adam
     return optimizer_class(
-        params, lr=lr, betas=tuple(opt.betas), eps=opt.eps, weight_decay=opt.weight_decay,
-        amsgrad=False, foreach=False,
+        params,
+        lr=lr,
+        betas=tuple(opt.betas),
+        eps=opt.eps,
+        weight_decay=opt.weight_decay,
+        amsgrad=False,
+        foreach=False,
     )
 
 
@@ -73,12 +83,18 @@ def grad_scaler(spec: TrainSpec) -> torch.amp.GradScaler | None:
     if scaling.loss_scale:
         # A fixed scale: never grow, never shrink.
         return torch.amp.GradScaler(
-            "cpu", init_scale=scaling.loss_scale, growth_factor=1.0, backoff_factor=1.0,
+            "cpu",
+            init_scale=scaling.loss_scale,
+            growth_factor=1.0,
+            backoff_factor=1.0,
             growth_interval=2**31 - 1,
         )
     return torch.amp.GradScaler(
-        "cpu", init_scale=2.0**scaling.initial_scale_power, growth_factor=2.0,
-        backoff_factor=0.5, growth_interval=scaling.loss_scale_window,
+        "cpu",
+        init_scale=2.0**scaling.initial_scale_power,
+        growth_factor=2.0,
+        backoff_factor=0.5,
+        growth_interval=scaling.loss_scale_window,
     )
 
 
@@ -135,4 +151,3 @@ def require_module(model: Any) -> torch.nn.Module:
             "build the model with torch, or set framework: tensorflow with a TF backend",
         )
     return model
-

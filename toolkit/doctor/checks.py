@@ -96,8 +96,10 @@ def run_doctor(engine_names: Sequence[str] = ()) -> DoctorReport:
         for launcher in REQUIRED_LAUNCHERS.get(report.engine, ()):
             if report.installed and launchers[launcher] is None:
                 report.problems.append(
-                    Problem(f"launcher {launcher} is not on PATH nor beside {sys.executable}",
-                            REINSTALL_FIX)
+                    Problem(
+                        f"launcher {launcher} is not on PATH nor beside {sys.executable}",
+                        REINSTALL_FIX,
+                    )
                 )
     return DoctorReport(python=sys.executable, engines=reports, launchers=launchers)
 

@@ -13,9 +13,7 @@ def format_report(report: DoctorReport) -> str:
     lines.append(f"{'engine':<12}{'status':<9}{'version':<16}built with")
     for engine in report.engines:
         status = "ok" if engine.ok else ("BROKEN" if engine.installed else "MISSING")
-        lines.append(
-            f"{engine.engine:<12}{status:<9}{engine.version or '-':<16}{_summary(engine)}"
-        )
+        lines.append(f"{engine.engine:<12}{status:<9}{engine.version or '-':<16}{_summary(engine)}")
     lines.append("")
     lines.append("launchers:")
     for name, path in report.launchers.items():
@@ -29,7 +27,9 @@ def format_report(report: DoctorReport) -> str:
             lines.append(f"  {engine}: {kind}: {problem.message}")
             lines.append(f"  {' ' * len(engine)}  FIX: {problem.fix}")
     lines.append("")
-    lines.append("all requested engines work" if report.ok else "some requested engines do not work")
+    lines.append(
+        "all requested engines work" if report.ok else "some requested engines do not work"
+    )
     return "\n".join(lines)
 
 

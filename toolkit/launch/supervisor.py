@@ -4,7 +4,8 @@
 `run_local(argv, nprocs)` is the toolkit's own one-machine launcher: it starts `nprocs` copies
 of argv, each with TOOLKIT_* variables that `toolkit.launch.environment` reads. Both stream
 every line of output as it comes (prefixed with the rank in local mode), and keep the last
-`TAIL_LINES` stderr lines of each process for the error report.
+`TAIL_LINES` lines for the error report: each local rank's stderr, or the launcher's whole
+output (the deepspeed launcher reports a failed rank on stdout).
 
 When a process exits non-zero or dies by a signal, every other one is stopped: SIGTERM, then
 SIGKILL after `grace` seconds, to every process group involved and to every descendant seen.
@@ -71,7 +72,8 @@ class LaunchResult:
     reason: str = ""
     """One line: what ended the job, empty on success."""
     tail: tuple[str, ...] = ()
-    """The last stderr lines of the failed process (the launcher's, in launcher mode)."""
+    """The last stderr lines of the failed rank; in launcher mode the launcher's last lines of
+    output (stdout and stderr, which carry its ranks' output too)."""
 
     @property
     def ok(self) -> bool:
@@ -181,7 +183,10 @@ def _start(
     process = _Process(popen, label, rank)
     prefix = f"[{label}] " if rank is not None else ""
     assert popen.stdout is not None and popen.stderr is not None  # both are PIPE above
-    streams = ((popen.stdout, "stdout", None), (popen.stderr, "stderr", process.tail))
+    # A launcher's own messages often go to stdout (deepspeed logs its failures there), so in
+    # launcher mode the tail is the whole console; a local rank's tail is its stderr.
+    stdout_tail = process.tail if rank is None else None
+    streams = ((popen.stdout, "stdout", stdout_tail), (popen.stderr, "stderr", process.tail))
     for pipe, name, tail in streams:
         reader = threading.Thread(
             target=_pump,

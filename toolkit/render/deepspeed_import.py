@@ -104,7 +104,7 @@ def _optimizer(ds: _Reader, out: _Report) -> dict[str, Any] | None:
     section = ds.sub("optimizer")
     params = section.sub("params")
     kind = str(section.get("type", "")).lower()
-    result: dict[str, Any] = {"lr": params.get("lr", required=True)}
+    result: dict[str, Any] = {"name": kind, "lr": params.get("lr", required=True)}
     if kind in ("adam", "adamw"):
         adam_w_mode = params.get("adam_w_mode")
         torch_adam = params.get("torch_adam", False)
@@ -247,13 +247,13 @@ def _positive_int(value: Any) -> bool:
 
 def _infer_world_size(batch: dict[str, Any], stages: Any) -> int | None:
     """World size from a full batch triple: global / (micro * accumulation) data-parallel ranks."""
-    values = [batch.get(key) for key in ("global", "micro", "accumulation")] + [stages]
-    if not all(_positive_int(value) for value in values):
+    values: list[Any] = [batch.get(key) for key in ("global", "micro", "accumulation")]
+    if not all(_positive_int(value) for value in [*values, stages]):
         return None
-    global_, micro, accumulation = values[:3]
+    global_, micro, accumulation = (int(value) for value in values)
     if global_ % (micro * accumulation):
         return None
-    return int(global_ // (micro * accumulation) * stages)
+    return global_ // (micro * accumulation) * int(stages)
 
 
 def _batch(ds: _Reader) -> dict[str, Any]:

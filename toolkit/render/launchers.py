@@ -154,11 +154,17 @@ def mpirun(spec: TrainSpec, command: list[str], ctx: LaunchContext) -> LaunchPla
     )
 
 
-def _horovod_gloo_env(spec: TrainSpec, slot: Slot) -> dict[str, str]:
+def _cross_nodes(layout: list[Slot]) -> dict[int, list[int]]:
+    """Local rank -> the nodes having it: Horovod's cross communicator joins those ranks."""
+    nodes: dict[int, list[int]] = {}
+    for slot in layout:
+        nodes.setdefault(slot.local_rank, []).append(slot.node)
+    return {local_rank: sorted(set(found)) for local_rank, found in nodes.items()}
+
+
+def _horovod_gloo_env(spec: TrainSpec, slot: Slot, cross: dict[int, list[int]]) -> dict[str, str]:
     hosts = job_hosts(spec)
-    layout = rank_layout(spec)
-    # Horovod's cross communicator joins the ranks with the same local rank, one per host.
-    peers = sorted({s.node for s in layout if s.local_rank == slot.local_rank})
+    peers = cross[slot.local_rank]
     return {
         "HOROVOD_RANK": str(slot.rank),
         "HOROVOD_SIZE": str(spec.world_size),
@@ -179,7 +185,8 @@ def horovodrun(spec: TrainSpec, command: list[str], ctx: LaunchContext) -> Launc
     argv = ["horovodrun", "-np", str(spec.world_size), "-H", hosts]
     argv += horovod.horovodrun_flags(spec) + program(spec, command, ctx)
     if spec.horovod.controller == "gloo":
-        ranks = _ranks(spec, lambda s: _horovod_gloo_env(spec, s))
+        cross = _cross_nodes(rank_layout(spec))
+        ranks = _ranks(spec, lambda s: _horovod_gloo_env(spec, s, cross))
     else:
         ranks = _ranks(spec, lambda s: _ompi_env(spec, s))
     env = base_env(spec)

@@ -46,8 +46,10 @@ def mpijob_manifest(spec: TrainSpec, command: Sequence[str]) -> dict[str, Any]:
     mpirun_args += ["--map-by", "slot"]
     for name in env:
         mpirun_args += ["-x", name]
-    pod_env = [{"name": name, "value": value} for name, value in env.items()]
     image = spec.launch.image
+
+    def pod_env() -> list[dict[str, str]]:  # a fresh list per container: no YAML anchors
+        return [{"name": name, "value": value} for name, value in env.items()]
 
     def replica(replicas: int, container: dict[str, Any]) -> dict[str, Any]:
         return {"replicas": replicas, "template": {"spec": {"containers": [container]}}}
@@ -68,7 +70,7 @@ def mpijob_manifest(spec: TrainSpec, command: Sequence[str]) -> dict[str, Any]:
                         "image": image,
                         "command": ["mpirun"],
                         "args": mpirun_args + program,
-                        "env": pod_env,
+                        "env": pod_env(),
                     },
                 ),
                 "Worker": replica(
@@ -78,7 +80,7 @@ def mpijob_manifest(spec: TrainSpec, command: Sequence[str]) -> dict[str, Any]:
                         "image": image,
                         "command": ["/usr/sbin/sshd"],
                         "args": ["-De"],
-                        "env": pod_env,
+                        "env": pod_env(),
                     },
                 ),
             },

@@ -21,7 +21,12 @@ Arrays = Sequence[Any]
 
 class ShardedLoader:
     def __init__(
-        self, arrays: Arrays, layout: StepLayout, *, dp_ranks: Sequence[int], seed: int,
+        self,
+        arrays: Arrays,
+        layout: StepLayout,
+        *,
+        dp_ranks: Sequence[int],
+        seed: int,
         shuffle: bool,
     ) -> None:
         self.arrays = [np.asarray(array) for array in arrays]
@@ -45,7 +50,9 @@ class ShardedLoader:
         self.epoch = epoch
 
     def __iter__(self) -> Iterator[list[tuple[Any, ...]]]:
-        order = epoch_order(self.num_samples, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle)
+        order = epoch_order(
+            self.num_samples, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle
+        )
         for step in range(len(self)):
             per_replica = [
                 micro_batch_indices(order, self.layout, step=step, dp_rank=rank)

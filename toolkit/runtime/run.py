@@ -74,7 +74,10 @@ class Run:
         replicas = self.backend.replicas_per_process
         first = self.backend.dp_rank * replicas
         return ShardedLoader(
-            arrays, self.layout(), dp_ranks=range(first, first + replicas), seed=self.spec.seed,
+            arrays,
+            self.layout(),
+            dp_ranks=range(first, first + replicas),
+            seed=self.spec.seed,
             shuffle=shuffle,
         )
 

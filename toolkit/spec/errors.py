@@ -41,7 +41,9 @@ class SpecIssue:
     """What to change; None when `allowed` already says it."""
 
     def one_line(self) -> str:
-        line = f"{self.path}={show_value(self.value)}: {self.allowed}"
+        # A path holds user keys; one with a newline or tab must not break the one line.
+        path = self.path if self.path.isprintable() else repr(self.path)
+        line = f"{path}={show_value(self.value)}: {self.allowed}"
         return f"{line} HINT: {self.hint}" if self.hint else line
 
 

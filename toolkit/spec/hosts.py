@@ -21,6 +21,9 @@ _HOSTFILE_LINE = re.compile(r"^(?P<name>\S+)(?:\s+slots\s*=\s*(?P<slots>\S+))?$"
 LOCAL_NAMES = frozenset({"localhost", "127.0.0.1"})
 """Names that mean this machine."""
 
+MAX_RANKS = 65536
+"""Upper bound on a job's ranks (and one host's slots): a typo guard, far above real jobs."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class Host:
@@ -55,8 +58,9 @@ def check_host_entry(text: object, path: str) -> SpecIssue | None:
             hint="host names cannot contain spaces, quotes or shell characters",
         )
     slots = match["slots"]
-    if slots is not None and not (slots.isdigit() and int(slots) > 0):
-        return SpecIssue(path=path, value=text, allowed=allowed, hint="slots is a positive integer")
+    if slots is not None and not (slots.isdigit() and 0 < int(slots) <= MAX_RANKS):
+        hint = f"slots is an integer in [1, {MAX_RANKS}]"
+        return SpecIssue(path=path, value=text, allowed=allowed, hint=hint)
     return None
 
 
@@ -73,6 +77,10 @@ def check_host_list(entries: tuple[str, ...], path: str) -> list[SpecIssue]:
             seen.add(parse_host(text).name)
         else:
             issues.append(issue)
+    if not issues and sum(parse_host(text).slots for text in entries) > MAX_RANKS:
+        issues.append(
+            SpecIssue(path=path, value=list(entries), allowed=f"at most {MAX_RANKS} slots in all")
+        )
     return issues
 
 

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from toolkit.spec.constraints import metadata, number, text
 from toolkit.spec.errors import SpecIssue
-from toolkit.spec.hosts import HOST_NAME, Host, check_host_list, parse_host
+from toolkit.spec.hosts import HOST_NAME, MAX_RANKS, Host, check_host_list, parse_host
 
 Backend = Literal["ddp", "horovod", "deepspeed", "tf"]
 Framework = Literal["torch", "tensorflow"]
@@ -259,7 +259,7 @@ class LaunchSpec:
 
     launcher: Launcher | None = None
     """horovodrun, mpirun, deepspeed, torchrun, srun or local; None = the backend's usual one."""
-    np: int | None = field(default=None, metadata=number(ge=1))
+    np: int | None = field(default=None, metadata=number(ge=1, le=MAX_RANKS))
     """Processes (the world size); None = the hosts' slots summed, or 1 without hosts."""
     hosts: tuple[str, ...] = field(default=(), metadata=metadata(check_host_list))
     """Hosts as "name:slots" (slots default 1); empty = this machine."""

@@ -201,7 +201,7 @@ def check_instance(obj: Any, prefix: str, issues: list[SpecIssue]) -> None:
     """
     for spec_field in dataclasses.fields(obj):
         value = getattr(obj, spec_field.name)
-        tp = _hints(type(obj))[spec_field.name]
+        tp = _hints(typing.cast(type, type(obj)))[spec_field.name]
         path = prefix + file_key(spec_field)
         if dataclasses.is_dataclass(tp):
             if isinstance(value, typing.cast(type, tp)):

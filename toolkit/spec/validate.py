@@ -39,6 +39,8 @@ COMPATIBLE_FRAMEWORKS: dict[str, tuple[str, ...]] = {
 }
 
 _MAX_PORT = 65535
+MAX_LOCAL_RANKS = 256
+"""Most ranks the local launcher starts on one machine."""
 
 
 def _issue(path: str, value: Any, allowed: str, hint: str | None = None) -> SpecIssue:
@@ -192,6 +194,13 @@ def _launch(spec: TrainSpec) -> Iterator[SpecIssue]:
             list(launch.hosts),
             "the local launcher starts ranks on this machine only (localhost)",
             hint="use srun or mpirun for several hosts",
+        )
+    if launcher == "local" and spec.world_size > MAX_LOCAL_RANKS:
+        yield _issue(
+            "launch.np",
+            spec.world_size,
+            f"the local launcher starts at most {MAX_LOCAL_RANKS} ranks on this machine",
+            hint="use srun or mpirun for bigger jobs",
         )
     top_port = spec.tf.port + max([h.slots for h in hosts] or [spec.world_size]) - 1
     if spec.backend == "tf" and top_port > _MAX_PORT:

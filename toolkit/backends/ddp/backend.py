@@ -29,15 +29,18 @@ class DDPBackend(Backend):
         common.export_torch_env(self.env, common.rendezvous(self.spec, self.env))
         if not dist.is_initialized():
             dist.init_process_group(
-                "gloo", init_method="env://", rank=self.env.rank,
-                world_size=self.env.world_size, timeout=common.COLLECTIVE_TIMEOUT,
+                "gloo",
+                init_method="env://",
+                rank=self.env.rank,
+                world_size=self.env.world_size,
+                timeout=common.COLLECTIVE_TIMEOUT,
             )
         self.scaler = common.grad_scaler(self.spec)
 
     def prepare(self, model: Any, optimizer: Any | None = None) -> DistributedDataParallel:
         module = common.require_module(model)
         # DDP broadcasts rank 0's parameters and buffers at construction.
-        self.model = DistributedDataParallel(module, broadcast_buffers=True)
+        self.model = DistributedDataParallel(module)
         lr = self.spec.effective_lr(self.env.world_size)
         self.optimizer = optimizer or common.build_optimizer(self.model.parameters(), self.spec, lr)
         return self.model

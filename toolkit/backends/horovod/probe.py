@@ -58,7 +58,9 @@ def probe() -> ProbeReport:
         "gpu": [name for name in ("cuda", "rocm") if built_with.get(name)],
     }
     if frameworks and not report.details["controllers"]:
-        report.problems.append(Problem("Horovod was built with neither MPI nor Gloo", _rebuild_fix()))
+        report.problems.append(
+            Problem("Horovod was built with neither MPI nor Gloo", _rebuild_fix())
+        )
     if "tensorflow" in frameworks and _keras_major() >= 3:
         report.problems.append(Problem(KERAS3_FINDING, KERAS3_FIX, blocking=False))
     return report

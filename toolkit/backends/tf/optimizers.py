@@ -21,8 +21,14 @@ class TorchSGD(keras.optimizers.Optimizer):  # type: ignore[misc]
     """torch.optim.SGD: buf = momentum*buf + g (+ L2), p -= lr * (nesterov ? g + momentum*buf : buf)."""
 
     def __init__(
-        self, *, learning_rate: float, momentum: float, weight_decay: float, nesterov: bool,
-        name: str = "torch_sgd", **kwargs: Any,
+        self,
+        *,
+        learning_rate: float,
+        momentum: float,
+        weight_decay: float,
+        nesterov: bool,
+        name: str = "torch_sgd",
+        **kwargs: Any,
     ) -> None:
         super().__init__(learning_rate=learning_rate, name=name, **kwargs)
         self.momentum = momentum
@@ -52,8 +58,16 @@ class TorchAdam(keras.optimizers.Optimizer):  # type: ignore[misc]
     """torch.optim.Adam (L2 weight decay) or, with `decoupled=True`, torch.optim.AdamW."""
 
     def __init__(
-        self, *, learning_rate: float, beta_1: float, beta_2: float, epsilon: float,
-        weight_decay: float, decoupled: bool, name: str = "torch_adam", **kwargs: Any,
+        self,
+        *,
+        learning_rate: float,
+        beta_1: float,
+        beta_2: float,
+        epsilon: float,
+        weight_decay: float,
+        decoupled: bool,
+        name: str = "torch_adam",
+        **kwargs: Any,
     ) -> None:
         super().__init__(learning_rate=learning_rate, name=name, **kwargs)
         self.beta_1 = beta_1

@@ -1,0 +1,136 @@
+"""DeepSpeed: ZeRO stages 0-3 (with CPU offload) and, when pipeline.stages > 1, its pipeline engine.
+
+The engine gets the config `toolkit.render.deepspeed` writes from the spec, with every setting
+that changes the math explicit. Accumulation is DeepSpeed's own: `engine.backward` divides the
+loss by gradient_accumulation_steps and `engine.step()` only steps at the boundary; the
+pipeline engine's `train_batch` pulls the step's micro-batches from an iterator itself.
+
+Findings:
+- With bf16 enabled DeepSpeed casts the whole model to bf16 and keeps fp32 master weights in its
+  optimizer (unlike torch autocast), so floating inputs are cast to the model's dtype here and
+  `full_state_dict` reads the fp32 masters (`safe_get_full_fp32_param`), not the bf16 copies.
+- Under ZeRO-3 the module's parameters are empty shards outside `GatheredParameters`.
+- The pipeline engine registers each layer under its global index, so a stage's state-dict keys
+  are those of the user's nn.Sequential; the stages' dicts are merged with all_gather_object.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections.abc import Sequence
+from typing import Any
+
+import deepspeed
+import numpy as np
+import torch
+import torch.distributed as dist
+from deepspeed.pipe import PipelineModule
+from deepspeed.utils import safe_get_full_fp32_param
+
+from toolkit.backends import torch_common as common
+from toolkit.backends.base import Backend, LossFn, MicroBatch
+from toolkit.errors import ToolkitError
+from toolkit.render.deepspeed import deepspeed_config
+
+
+class DeepSpeedBackend(Backend):
+    engine: Any
+
+    @property
+    def uses_pipeline(self) -> bool:
+        return self.spec.pipeline.stages > 1
+
+    def setup(self) -> None:
+        common.configure_threads(self.spec)
+        common.export_torch_env(self.env, common.rendezvous(self.spec, self.env))
+        deepspeed.init_distributed(
+            dist_backend="gloo",
+            auto_mpi_discovery=False,
+            init_method="env://",
+            timeout=common.COLLECTIVE_TIMEOUT,
+            verbose=False,
+        )
+
+    def prepare(self, model: Any, optimizer: Any | None = None) -> Any:
+        module = common.require_module(model)
+        config = deepspeed_config(self.spec, self.env.world_size)
+        if optimizer is not None:
+            del config["optimizer"]  # DeepSpeed refuses a client optimizer and a config one
+        if self.uses_pipeline:
+            module = self._pipeline_module(module)
+        self.engine, _, _, _ = deepspeed.initialize(
+            model=module,
+            model_parameters=[p for p in module.parameters() if p.requires_grad],
+            optimizer=optimizer,
+            config=config,
+        )
+        return self.engine
+
+    def _pipeline_module(self, module: torch.nn.Module) -> PipelineModule:
+        if not isinstance(module, torch.nn.Sequential):
+            raise ToolkitError(
+                f"pipeline.stages={self.spec.pipeline.stages} needs an nn.Sequential model to "
+                f"split into stages, got {type(module).__name__}",
+                "express the model as torch.nn.Sequential, or set pipeline.stages: 1",
+            )
+        return PipelineModule(
+            layers=list(module.children()),
+            num_stages=self.spec.pipeline.stages,
+            partition_method=self.spec.pipeline.partition,
+            activation_checkpoint_interval=self.spec.pipeline.activation_checkpoint_interval,
+            loss_fn=None,
+        )
+
+    def _inputs(self, inputs: torch.Tensor) -> torch.Tensor:
+        dtype = next(self.engine.module.parameters()).dtype
+        return inputs.to(dtype) if inputs.is_floating_point() else inputs
+
+    def train_step(self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn) -> float:
+        batches = [(self._inputs(x), y) for x, y in common.as_tensors(micro_batches)]
+        if self.uses_pipeline:
+            self.engine.module.loss_fn = loss_fn
+            loss = self.engine.train_batch(data_iter=iter(batches))
+            return float(self.allreduce(loss.detach().double()))
+        total = torch.zeros((), dtype=torch.float64)
+        for inputs, targets in batches:
+            loss = loss_fn(self.engine(inputs), targets)
+            self.engine.backward(loss)
+            self.engine.step()
+            total += loss.detach().double()
+        return float(self.allreduce(total / len(batches)))
+
+    def full_state_dict(self) -> dict[str, np.ndarray]:
+        module = self.engine.module
+        state: dict[str, np.ndarray] = {}
+        for name, parameter in module.named_parameters():
+            # Collective under ZeRO-3: every rank walks the parameters in the same order.
+            master = safe_get_full_fp32_param(parameter)
+            full = parameter if master is None else master
+            state[name] = full.detach().float().cpu().numpy().copy()
+        for name, buffer in module.named_buffers():
+            if buffer.is_floating_point():
+                state[name] = buffer.detach().float().cpu().numpy().copy()
+        if self.uses_pipeline:
+            stages: list[dict[str, np.ndarray]] = [{} for _ in range(self.env.world_size)]
+            dist.all_gather_object(stages, state)
+            state = {name: value for stage in stages for name, value in stage.items()}
+        return state
+
+    def allreduce(self, value: Any, op: str = "mean") -> Any:
+        tensor = common.to_tensor(value).clone()
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor / self.env.world_size if op == "mean" else tensor
+
+    def broadcast(self, value: Any, root: int = 0) -> Any:
+        tensor = common.to_tensor(value).clone()
+        dist.broadcast(tensor, src=root)
+        return tensor
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    def shutdown(self) -> None:
+        with contextlib.redirect_stdout(io.StringIO()):
+            if dist.is_initialized():
+                dist.destroy_process_group()

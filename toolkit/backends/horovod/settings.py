@@ -1,0 +1,39 @@
+"""Horovod settings shared by its torch and TensorFlow backends (no framework import here)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from toolkit.launch.environment import LaunchEnvironment
+from toolkit.render import horovod as render_horovod
+from toolkit.spec import TrainSpec
+
+# Horovod's Gloo controller gives up on a dead peer after this many seconds instead of hanging.
+GLOO_TIMEOUT_SECONDS = "300"
+
+
+def export_environment(spec: TrainSpec, env: LaunchEnvironment) -> None:
+    """Set HOROVOD_* from the spec before hvd.init(), whichever launcher started the ranks.
+
+    horovodrun already passes the same settings as flags; setting them again here is what makes
+    plain `mpirun` runs use the spec's fusion, cycle time and cache too. Under mpirun there is no
+    Gloo rendezvous server, so the controller is necessarily MPI whatever the spec says: that
+    changes who coordinates, not the math.
+    """
+    settings = render_horovod.environment(spec)
+    if env.launcher != "horovodrun":
+        if spec.horovod.controller != "mpi" and env.rank == 0 and env.world_size > 1:
+            print(
+                f"toolkit: horovod.controller={spec.horovod.controller!r} needs horovodrun; "
+                f"under {env.launcher} Horovod uses its MPI controller",
+                file=sys.stderr,
+            )
+        settings["HOROVOD_CONTROLLER"] = "mpi"
+        settings["HOROVOD_CPU_OPERATIONS"] = "mpi"
+    settings.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", GLOO_TIMEOUT_SECONDS)
+    if env.world_size == 1:
+        # hvd.init() alone, with no launcher, runs one process over Gloo.
+        settings.pop("HOROVOD_CONTROLLER")
+        settings.pop("HOROVOD_CPU_OPERATIONS")
+    os.environ.update(settings)

@@ -1,0 +1,101 @@
+"""Horovod for PyTorch: hvd.DistributedOptimizer (ring-allreduce over Gloo or MPI).
+
+Accumulation is Horovod's own `backward_passes_per_step`: gradients of a step's micro-batches
+sum locally and are all-reduced once, averaged over ranks (op=Average), with each micro-batch's
+loss divided by the number of micro-batches. `gradient_predivide_factor` is set to 1.0
+explicitly: it splits the averaging into a division before and after the sum, and any other
+value changes the rounding.
+
+Clipping must see the all-reduced gradient: `synchronize()` first, clip, then `step()` inside
+`skip_synchronize()`, as Horovod's docs prescribe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import horovod.torch as hvd
+import numpy as np
+import torch
+
+from toolkit.backends import torch_common as common
+from toolkit.backends.base import Backend, LossFn, MicroBatch
+from toolkit.backends.horovod.settings import export_environment
+from toolkit.errors import ToolkitError
+from toolkit.render import horovod as render_horovod
+
+OPS = {"Average": hvd.Average, "Sum": hvd.Sum, "Adasum": hvd.Adasum}
+COMPRESSION = {"Compression.none": hvd.Compression.none, "Compression.fp16": hvd.Compression.fp16}
+
+
+class HorovodTorchBackend(Backend):
+    model: torch.nn.Module
+    optimizer: Any
+
+    def setup(self) -> None:
+        common.configure_threads(self.spec)
+        export_environment(self.spec, self.env)
+        hvd.init()
+        if hvd.size() != self.env.world_size:
+            raise ToolkitError(
+                f"Horovod sees {hvd.size()} ranks but the launcher ({self.env.launcher}) "
+                f"announced {self.env.world_size}",
+                "start every rank through the same horovodrun or mpirun",
+            )
+        if self.spec.precision == "fp16":
+            raise ToolkitError(
+                "precision=fp16 with backend horovod is not supported: Horovod has no loss "
+                "scaler of its own",
+                "use precision bf16 or fp32 with horovod, or backend ddp/deepspeed for fp16",
+            )
+
+    def prepare(self, model: Any, optimizer: Any | None = None) -> torch.nn.Module:
+        self.model = common.require_module(model)
+        lr = self.spec.effective_lr(self.env.world_size)
+        base = optimizer or common.build_optimizer(self.model.parameters(), self.spec, lr)
+        options = render_horovod.optimizer_options(self.spec, self.env.world_size)
+        self.optimizer = hvd.DistributedOptimizer(
+            base,
+            named_parameters=self.model.named_parameters(),
+            compression=COMPRESSION[options["compression"]],
+            op=OPS[options["op"]],
+            backward_passes_per_step=options["backward_passes_per_step"],
+            gradient_predivide_factor=options["gradient_predivide_factor"],
+        )
+        hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
+        return self.model
+
+    def train_step(self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn) -> float:
+        self.optimizer.zero_grad()
+        count = len(micro_batches)
+        total = torch.zeros((), dtype=torch.float64)
+        for inputs, targets in common.as_tensors(micro_batches):
+            with common.autocast(self.spec):
+                loss = loss_fn(self.model(inputs), targets)
+            (loss / count).backward()
+            total += loss.detach().double()
+        if self.spec.clip_grad_norm > 0:
+            self.optimizer.synchronize()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.clip_grad_norm)
+            with self.optimizer.skip_synchronize():
+                self.optimizer.step()
+        else:
+            self.optimizer.step()
+        return float(self.allreduce(total / count))
+
+    def full_state_dict(self) -> dict[str, np.ndarray]:
+        return common.numpy_state(self.model)
+
+    def allreduce(self, value: Any, op: str = "mean") -> Any:
+        return hvd.allreduce(common.to_tensor(value), op=hvd.Average if op == "mean" else hvd.Sum)
+
+    def broadcast(self, value: Any, root: int = 0) -> Any:
+        return hvd.broadcast(common.to_tensor(value), root_rank=root)
+
+    def barrier(self) -> None:
+        hvd.barrier()
+
+    def shutdown(self) -> None:
+        hvd.shutdown()

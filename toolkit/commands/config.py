@@ -1,0 +1,111 @@
+"""`toolkit config KIND --spec FILE [-o FILE]`: render one engine's or launcher's artifact.
+
+toolkit config deepspeed --spec train.yaml [--world-size N]   ds_config JSON
+toolkit config horovod   --spec train.yaml [--env]            horovodrun --config-file YAML
+toolkit config tf        --spec train.yaml [--index I]        TF_CONFIG (+ communication)
+toolkit config hostfile  --spec train.yaml                    "host slots=N" lines
+toolkit config sbatch    --spec train.yaml -- SCRIPT ARGS...  Slurm batch script
+toolkit config mpijob    --spec train.yaml -- SCRIPT ARGS...  Kubeflow MPIJob YAML
+toolkit config presets   --write DIR | --check DIR            ds_configs/ presets
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from typing import Any
+
+import yaml
+
+from toolkit.commands._output import add_output, add_spec, emit
+from toolkit.render import horovod, tf
+from toolkit.render.deepspeed import deepspeed_config
+from toolkit.render.hostfile import hostfile
+from toolkit.render.mpijob import mpijob_manifest
+from toolkit.render.presets import stale_presets, write_presets
+from toolkit.render.slurm import sbatch_script
+from toolkit.spec import load_spec
+
+
+def _deepspeed(args: argparse.Namespace) -> str:
+    return json.dumps(deepspeed_config(load_spec(args.spec), args.world_size), indent=2)
+
+
+def _horovod(args: argparse.Namespace) -> str:
+    spec = load_spec(args.spec)
+    if args.env:
+        return "\n".join(f"{name}={value}" for name, value in horovod.environment(spec).items())
+    return yaml.safe_dump(horovod.config_file(spec), sort_keys=False)
+
+
+def _tf(args: argparse.Namespace) -> str:
+    spec = load_spec(args.spec)
+    if args.index is not None:
+        return tf.tf_config(spec, args.index)
+    data = {"communication": tf.communication_options(spec), "tf_config": tf.tf_configs(spec)}
+    return json.dumps(data, indent=2)
+
+
+def _hostfile(args: argparse.Namespace) -> str:
+    return hostfile(load_spec(args.spec))
+
+
+def _sbatch(args: argparse.Namespace) -> str:
+    return sbatch_script(load_spec(args.spec), args.command)
+
+
+def _mpijob(args: argparse.Namespace) -> str:
+    manifest = mpijob_manifest(load_spec(args.spec), args.command)
+    return yaml.safe_dump(manifest, sort_keys=False)
+
+
+def _presets(args: argparse.Namespace) -> int:
+    if args.check:
+        stale = stale_presets(args.check)
+        for name in stale:
+            print(f"stale: {name} (regenerate: toolkit config presets --write {args.check})")
+        return 1 if stale else 0
+    for name in write_presets(args.write):
+        print(f"wrote {args.write.rstrip('/')}/{name}")
+    return 0
+
+
+def _rendering(render: Callable[[argparse.Namespace], str]) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        emit(render(args), args.output)
+        return 0
+
+    return run
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("config", help="render engine and launcher configuration")
+    kinds = parser.add_subparsers(dest="kind", metavar="KIND", required=True)
+
+    def kind(name: str, help_text: str, render: Callable[[argparse.Namespace], str]) -> Any:
+        sub = kinds.add_parser(name, help=help_text)
+        add_spec(sub)
+        add_output(sub)
+        sub.set_defaults(func=_rendering(render))
+        return sub
+
+    ds = kind("deepspeed", "DeepSpeed config JSON", _deepspeed)
+    ds.add_argument("--world-size", type=int, help="ranks to render for (default: launch.np)")
+    hvd = kind("horovod", "horovodrun --config-file YAML", _horovod)
+    hvd.add_argument("--env", action="store_true", help="print HOROVOD_* variables instead")
+    tf_parser = kind("tf", "TF_CONFIG per worker and communication options", _tf)
+    tf_parser.add_argument("--index", type=int, help="print only this worker's TF_CONFIG")
+    kind("hostfile", 'hostfile in the deepspeed launcher\'s "host slots=N" form', _hostfile)
+    for name, help_text, render in (
+        ("sbatch", "Slurm batch script", _sbatch),
+        ("mpijob", "Kubeflow MPIJob (v2beta1) manifest", _mpijob),
+    ):
+        kind(name, help_text, render).add_argument(
+            "command", nargs="*", metavar="-- SCRIPT ARGS", help="what each rank runs"
+        )
+    presets = kinds.add_parser("presets", help="regenerate or check ds_configs/ presets")
+    mode = presets.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--write", metavar="DIR", help="regenerate DIR/<name>.json")
+    mode.add_argument("--check", metavar="DIR", help="exit 1 if any DIR/<name>.json is stale")
+    presets.set_defaults(func=_presets)

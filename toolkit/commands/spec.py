@@ -1,0 +1,70 @@
+"""`toolkit spec check|show|from-deepspeed`: validate specs and adopt DeepSpeed configs.
+
+toolkit spec check train.yaml                 one line: valid, and what it resolves to
+toolkit spec show train.yaml                  the full spec with every default, as YAML
+toolkit spec from-deepspeed ds.json [-o F] [--world-size N]
+    a spec from an existing DeepSpeed config; dropped, "auto" or defaulted keys are
+    warned about on stderr by name, and what the spec cannot express is an error
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from toolkit.commands._output import add_output, emit, warn
+from toolkit.render.deepspeed_import import spec_from_deepspeed
+from toolkit.spec import SpecError, dump_spec, load_spec
+from toolkit.spec.load import parse_text
+
+
+def _check(args: argparse.Namespace) -> int:
+    spec = load_spec(args.file)
+    batch = spec.batch_for()
+    print(
+        f"ok: {args.file}: backend {spec.backend} ({spec.framework_name}), launcher "
+        f"{spec.launcher}, {spec.world_size} ranks, batch {batch.global_} = micro {batch.micro}"
+        f" x accumulation {batch.accumulation} x {batch.dp} data-parallel ranks"
+    )
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    emit(dump_spec(load_spec(args.file)), args.output)
+    return 0
+
+
+def _from_deepspeed(args: argparse.Namespace) -> int:
+    try:
+        text = Path(args.file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise SpecError.single(
+            "deepspeed", args.file, f"must be a readable JSON file ({error.__class__.__name__})"
+        ) from None
+    imported = spec_from_deepspeed(parse_text(text, args.file), world_size=args.world_size)
+    for message in imported.warnings:
+        warn(message)
+    emit(
+        f"# Imported from {args.file} by `toolkit spec from-deepspeed`.\n"
+        + dump_spec(imported.data),
+        args.output,
+    )
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("spec", help="check specs, import DeepSpeed configs")
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    check = actions.add_parser("check", help="validate a spec")
+    check.add_argument("file")
+    check.set_defaults(func=_check)
+    show = actions.add_parser("show", help="print a spec with every default filled in")
+    show.add_argument("file")
+    add_output(show)
+    show.set_defaults(func=_show)
+    ds = actions.add_parser("from-deepspeed", help="turn a DeepSpeed config into a spec")
+    ds.add_argument("file", help="ds_config.json")
+    ds.add_argument("--world-size", type=int, help="ranks the config was used with")
+    add_output(ds)
+    ds.set_defaults(func=_from_deepspeed)
