@@ -3,7 +3,9 @@ explicit choice, and values that contradict each other."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,9 +17,9 @@ from toolkit.launch.environment import (
     DETECTORS,
     LaunchEnvironment,
     detect_environment,
-    expand_hostlist,
     split_local_rank_arg,
 )
+from toolkit.launch.slurm import expand_hostlist
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -520,7 +522,10 @@ def test_expand_hostlist(text: str, hosts: tuple[str, ...]) -> None:
     assert expand_hostlist(text) == hosts
 
 
-@pytest.mark.parametrize("text", ["", "a,,b", "n[1-", "n]1[", "n[3-1]", "n[a-b]", "n[[1]]"])
+BAD_HOSTLISTS = ["", "a,,b", "n[1-", "n[1-]", "n]1[", "n[3-1]", "n[a-b]", "n[[1]]", "n[]"]
+
+
+@pytest.mark.parametrize("text", BAD_HOSTLISTS)
 def test_expand_hostlist_rejects(text: str) -> None:
     with pytest.raises(ToolkitError, match="SLURM_JOB_NODELIST"):
         expand_hostlist(text)
@@ -542,3 +547,22 @@ def test_launch_layer_imports_no_engine() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def run_probe(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "toolkit.launch.probe", *args]
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)} | env
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_probe_prints_one_json_line() -> None:
+    done = run_probe(OPEN_MPI)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == dataclasses.asdict(env_("openmpi"))
+
+
+def test_probe_with_named_launcher_reports_missing_variables() -> None:
+    done = run_probe({}, "--launcher", "deepspeed")
+    assert done.returncode == 2
+    assert done.stderr.startswith("toolkit.launch.probe: error: launcher 'deepspeed' was named")
+    assert "HINT:" in done.stderr

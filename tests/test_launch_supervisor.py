@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
 import sys
 import textwrap
 import threading
@@ -144,6 +145,43 @@ def test_timeout_stops_every_rank() -> None:
     assert result.returncode == 124
     assert result.reason == "timed out after 2 s"
     assert result.failed_rank is None
+
+
+def test_sigterm_to_the_supervisor_stops_the_ranks() -> None:
+    """A scheduler stopping `toolkit launch` must not orphan ranks in their own sessions."""
+    supervisor = f"""
+        import sys
+        from toolkit.launch import run_local
+        result = run_local([sys.executable, "-c", {SLEEPING_RANK!r}], 2)
+        print(result.reason, flush=True)
+        sys.exit(result.returncode)
+    """
+    process = subprocess.Popen(python(supervisor), stdout=subprocess.PIPE, text=True)
+    try:
+        ranks = wait_for(ranks_of_this_test, 2)
+        process.send_signal(signal.SIGTERM)
+        out, _ = process.communicate(timeout=CONTRACT_SECONDS)
+    finally:
+        process.kill()
+    assert process.returncode == 128 + signal.SIGTERM
+    assert out.strip() == "the supervisor got SIGTERM"
+    assert all(gone(rank) for rank in ranks)
+
+
+def test_launcher_ranks_do_not_inherit_toolkit_rank_variables(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    outer_rank = {"TOOLKIT_RANK": "1", "TOOLKIT_WORLD_SIZE": "2", "TOOLKIT_LOCAL_RANK": "1"}
+    probe = [sys.executable, "-m", "toolkit.launch.probe"]
+    result = run_launcher(probe, env=os.environ | outer_rank, timeout=60)
+    out, err = capfd.readouterr()
+    assert result.ok, err
+    assert '"launcher": "toolkit"' not in out
+
+
+def test_shell_strings_are_refused() -> None:
+    with pytest.raises(ValueError, match="not a shell string|non-empty list"):
+        run_launcher("mpirun -np 2 python train.py")
 
 
 def test_missing_program_is_a_user_error() -> None:

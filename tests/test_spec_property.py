@@ -147,7 +147,7 @@ def test_valid_specs_with_fields_mutated(data: st.DataObject) -> None:
     for _ in range(data.draw(st.integers(min_value=1, max_value=3))):
         paths = paths_of(spec)
         if paths:
-            value = copy.deepcopy(data.draw(PLAUSIBLE | VALUES))
+            value = copy.deepcopy(data.draw(st.one_of(PLAUSIBLE, PLAUSIBLE, VALUES)))
             set_path(spec, data.draw(st.sampled_from(paths)), value)
     load_and_render(spec)
 
@@ -169,6 +169,49 @@ def test_valid_specs_with_random_extra_keys(data: st.DataObject) -> None:
         assert any(issue.path.endswith(key) for issue in error.issues)
     else:
         raise AssertionError(f"unknown key {key!r} at {where} was accepted")
+
+
+HOSTS = st.sampled_from([[], ["localhost:2"], ["node1:2", "node2:2"], ["n1:1", "n2:3"], ["a:4"]])
+GENERATED = st.fixed_dictionaries(
+    {
+        "backend": st.sampled_from(["ddp", "horovod", "deepspeed", "tf"]),
+        "batch": st.dictionaries(
+            st.sampled_from(["global", "micro", "accumulation"]),
+            st.integers(min_value=1, max_value=64),
+        ),
+        "optimizer": st.fixed_dictionaries(
+            {"name": st.sampled_from(["sgd", "adam", "adamw"])},
+            optional={"lr": st.floats(1e-6, 10), "weight_decay": st.floats(0, 1)},
+        ),
+        "precision": st.sampled_from(["fp32", "fp16", "bf16"]),
+        "lr_scaling": st.sampled_from(["none", "linear"]),
+        "clip_grad_norm": st.floats(0, 10),
+        "zero": st.fixed_dictionaries(
+            {"stage": st.integers(0, 3)},
+            optional={
+                "offload_optimizer": st.sampled_from(["none", "cpu", "nvme"]),
+                "offload_params": st.sampled_from(["none", "cpu", "nvme"]),
+                "nvme_path": st.just("/nvme"),
+            },
+        ),
+        "pipeline": st.fixed_dictionaries({"stages": st.integers(1, 4)}),
+        "horovod": st.fixed_dictionaries({"controller": st.sampled_from(["gloo", "mpi"])}),
+        "launch": st.fixed_dictionaries(
+            {"hosts": HOSTS},
+            optional={
+                "launcher": st.sampled_from(list(BUILDERS)),
+                "np": st.integers(1, 16),
+                "master_addr": st.sampled_from(["10.0.0.1", "head-node"]),
+            },
+        ),
+    }
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(GENERATED)
+def test_generated_specs(data: dict[str, Any]) -> None:
+    load_and_render(data)
 
 
 def _get(data: Any, path: tuple[Any, ...]) -> Any:

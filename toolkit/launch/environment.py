@@ -33,13 +33,13 @@ DeepSpeed 0.19.8 (2 processes on one machine):
 from __future__ import annotations
 
 import json
-import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 from toolkit.errors import ToolkitError
+from toolkit.launch.slurm import expand_hostlist, expand_tasks_per_node
 
 # The toolkit's own local launcher (toolkit.launch.supervisor.run_local) sets these in each rank.
 TOOLKIT_RANK = "TOOLKIT_RANK"
@@ -466,7 +466,7 @@ def _slurm_local_size(env: Mapping[str, str], node_rank: int) -> tuple[str, int]
     """Tasks on this node from the step's tasks-per-node list ("2(x3),1" means 2,2,2,1)."""
     for name in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
         if env.get(name):
-            counts = _expand_tasks_per_node(env[name], name)
+            counts = expand_tasks_per_node(env[name], name)
             if node_rank >= len(counts):
                 raise ToolkitError(
                     f"SLURM_NODEID={node_rank} has no entry in {name}={env[name]!r}.",
@@ -480,55 +480,6 @@ def _slurm_local_size(env: Mapping[str, str], node_rank: int) -> tuple[str, int]
         "SLURM_NTASKS_PER_NODE: the number of tasks on this node is unknown.",
         "start the job with srun --ntasks-per-node=N",
     )
-
-
-_TASKS_ITEM = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
-
-
-def _expand_tasks_per_node(text: str, name: str) -> list[int]:
-    counts: list[int] = []
-    for item in text.split(","):
-        match = _TASKS_ITEM.match(item.strip())
-        if not match:
-            raise ToolkitError(
-                f"{name}={text!r} is not a Slurm tasks-per-node list like '2(x3),1'.",
-                _STALE_HINT,
-            )
-        counts += [int(match.group(1))] * int(match.group(2) or 1)
-    return counts
-
-
-def expand_hostlist(text: str, source: str = "SLURM_JOB_NODELIST") -> tuple[str, ...]:
-    """Expand a Slurm host list: "gpu[01-03,07],cpu1" -> gpu01, gpu02, gpu03, gpu07, cpu1.
-    Zero padding is kept; several bracket groups in one name expand to their product."""
-    items, depth, start = [], 0, 0
-    for position, char in enumerate(text):
-        depth += {"[": 1, "]": -1}.get(char, 0)
-        if depth not in (0, 1):
-            break
-        if char == "," and depth == 0:
-            items.append(text[start:position])
-            start = position + 1
-    items.append(text[start:])
-    if depth != 0 or any(not item for item in items):
-        raise ToolkitError(f"{source}={text!r} is not a Slurm host list.", _STALE_HINT)
-    return tuple(host for item in items for host in _expand_brackets(item, text, source))
-
-
-def _expand_brackets(name: str, text: str, source: str) -> list[str]:
-    opening = name.find("[")
-    if opening < 0:
-        return [name]
-    closing = name.index("]", opening)
-    suffixes = _expand_brackets(name[closing + 1 :], text, source)
-    values: list[str] = []
-    for part in name[opening + 1 : closing].split(","):
-        low, _, high = part.partition("-")
-        if not low.isdigit() or not (high or low).isdigit() or int(high or low) < int(low):
-            raise ToolkitError(f"{source}={text!r} has a bad range {part!r}.", _STALE_HINT)
-        width = len(low)
-        values += [str(n).zfill(width) for n in range(int(low), int(high or low) + 1)]
-    return [name[:opening] + value + suffix for value in values for suffix in suffixes]
 
 
 class TorchEnv(Detector):

@@ -41,7 +41,8 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import IO, TextIO
 
@@ -60,6 +61,9 @@ TAIL_LINES = 20
 POLL_SECONDS = 0.2
 DEFAULT_GRACE_SECONDS = 5.0
 TIMEOUT_RETURNCODE = 124  # what coreutils' timeout returns
+_RANK_VARS = frozenset(
+    (TOOLKIT_RANK, TOOLKIT_LOCAL_RANK, TOOLKIT_WORLD_SIZE, TOOLKIT_MASTER_ADDR, TOOLKIT_MASTER_PORT)
+)
 
 
 @dataclass(frozen=True)
@@ -107,9 +111,12 @@ def run_launcher(
     grace: float = DEFAULT_GRACE_SECONDS,
     echo: bool = True,
 ) -> LaunchResult:
-    """Run one launcher command (an argv list, never a shell string) and supervise its tree."""
-    base = dict(os.environ if env is None else env)
-    process = _start(argv, base, label=os.path.basename(argv[0]), rank=None, echo=echo)
+    """Run one launcher command (an argv list, never a shell string) and supervise its tree.
+    TOOLKIT_* rank variables are removed from its environment: they come first in detection,
+    so ranks of a launch started from inside a toolkit-launched rank would otherwise inherit
+    the outer rank's identity."""
+    base = {k: v for k, v in (os.environ if env is None else env).items() if k not in _RANK_VARS}
+    process = _start(argv, base, rank=None, echo=echo)
     return _supervise([process], timeout, grace)
 
 
@@ -142,7 +149,7 @@ def run_local(
                 TOOLKIT_MASTER_ADDR: master_addr,
                 TOOLKIT_MASTER_PORT: str(port),
             }
-            processes.append(_start(argv, rank_env, label=f"rank {rank}", rank=rank, echo=echo))
+            processes.append(_start(argv, rank_env, rank=rank, echo=echo))
     except BaseException:
         _Tree(processes).stop(grace)
         raise
@@ -164,8 +171,12 @@ _OUTPUT_LOCK = threading.Lock()
 
 
 def _start(
-    argv: Sequence[str], env: Mapping[str, str], *, label: str, rank: int | None, echo: bool
+    argv: Sequence[str], env: Mapping[str, str], *, rank: int | None, echo: bool
 ) -> _Process:
+    """Start one process; `rank` is None for a launcher."""
+    if isinstance(argv, str) or not argv:
+        raise ValueError(f"argv must be a non-empty list of arguments, not {argv!r}")
+    label = os.path.basename(argv[0]) if rank is None else f"rank {rank}"
     try:
         popen = subprocess.Popen(
             list(argv),
@@ -217,7 +228,8 @@ def _supervise(processes: list[_Process], timeout: float | None, grace: float) -
     tree = _Tree(processes)
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
-        result, culprit = _watch(processes, tree, deadline, timeout, grace)
+        with _sigterm_recorded() as terminated:
+            result, culprit = _watch(processes, tree, deadline, timeout, grace, terminated)
     finally:
         tree.stop(grace)
         for process in processes:
@@ -235,6 +247,7 @@ def _watch(
     deadline: float | None,
     timeout: float | None,
     grace: float,
+    terminated: threading.Event,
 ) -> tuple[LaunchResult, _Process | None]:
     """Poll until every process succeeded, one failed, or the deadline passed. Returns the
     result without its tail, and the process whose stderr tail explains it."""
@@ -258,11 +271,30 @@ def _watch(
                 f"{grace:g} s; stopped the job"
             )
             return LaunchResult(_shell_code(code), None, reason), launcher
+        if terminated.is_set():
+            return LaunchResult(128 + signal.SIGTERM, None, "the supervisor got SIGTERM"), None
         if deadline is not None and time.monotonic() > deadline:
             return LaunchResult(TIMEOUT_RETURNCODE, None, f"timed out after {timeout:g} s"), (
                 launcher
             )
         time.sleep(POLL_SECONDS)
+
+
+@contextmanager
+def _sigterm_recorded() -> Iterator[threading.Event]:
+    """While supervising from the main thread, SIGTERM (a scheduler or `kill` stopping the
+    launch) is recorded instead of ending Python at once: the ranks are in sessions of their
+    own, so they would outlive the supervisor. Other threads cannot install handlers; there
+    the default stays."""
+    terminated = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield terminated
+        return
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: terminated.set())
+    try:
+        yield terminated
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _describe_status(code: int) -> str:

@@ -60,7 +60,7 @@ class _Reader:
         value = self.data[key]
         if value == AUTO:
             if required:
-                self.out.error(f"{self.path}.{key}", value, "must be a number, not auto")
+                self.out.error(f"{self.path}.{key}", value, "must be given explicitly, not auto")
             else:
                 self.out.warn(f"{self.path}.{key}: 'auto' is not supported; wrote {default!r}")
             return default
@@ -187,6 +187,8 @@ def _zero(ds: _Reader, out: _Report) -> dict[str, Any]:
                 if value is not None:
                     result[spec_key] = value
             zero.used.add(ds_key)
+    if result.get("overlap_comm") == (result["stage"] == 3):
+        del result["overlap_comm"]  # DeepSpeed's own rule, which the spec's default keeps
     zero.expect("reduce_scatter", True)
     zero.expect("allgather_partitions", True)
     zero.expect("round_robin_gradients", False)
@@ -194,13 +196,11 @@ def _zero(ds: _Reader, out: _Report) -> dict[str, Any]:
     return result
 
 
-def _precision(ds: _Reader, out: _Report) -> tuple[str, dict[str, Any] | None]:
+def _precision(ds: _Reader) -> tuple[str, dict[str, Any] | None]:
     fp16 = ds.sub("fp16")
     bf16 = ds.sub("bf16") if ds.has("bf16") else ds.sub("bfloat16")
-    fp16_on, bf16_on = fp16.get("enabled", False), bf16.get("enabled", False)
-    for path, value in (("fp16.enabled", fp16_on), ("bf16.enabled", bf16_on)):
-        if value == AUTO:
-            out.error(f"deepspeed.{path}", value, "must be true or false, not auto")
+    fp16_on = fp16.get("enabled", False, required=True)
+    bf16_on = bf16.get("enabled", False, required=True)
     bf16.finish()
     precision = "fp16" if fp16_on is True else "bf16" if bf16_on is True else "fp32"
     scaling = {
@@ -271,7 +271,7 @@ def spec_from_deepspeed(config: Any, *, world_size: int | None = None) -> Import
     ds = _Reader(config, "deepspeed", out)
     data: dict[str, Any] = {"backend": "deepspeed"}
     optimizer = _optimizer(ds, out)
-    precision, scaling = _precision(ds, out)
+    precision, scaling = _precision(ds)
     zero = _zero(ds, out)
     pipeline = _pipeline(ds, out)
     stages = pipeline.get("stages", 1) if pipeline else 1

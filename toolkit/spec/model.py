@@ -245,12 +245,15 @@ class HorovodSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class TfSpec:
-    """tf.distribute MultiWorkerMirroredStrategy settings."""
+    """tf.distribute settings: MultiWorkerMirroredStrategy, or MirroredStrategy in one process."""
 
     communication: TfCommunication = "ring"
     """Collective implementation: ring (gRPC, works on CPU), nccl (GPUs) or auto."""
     port: int = field(default=12345, metadata=number(ge=1, le=65535))
     """Port of the first worker on each host; the next workers there use port + 1, + 2, ..."""
+    local_devices: int = field(default=1, metadata=number(ge=1, le=64))
+    """Replicas in one process: MirroredStrategy over this many logical CPU devices, used when
+    the job has one process. Data-parallel replicas = processes × local_devices."""
 
 
 @dataclass(frozen=True, kw_only=True)

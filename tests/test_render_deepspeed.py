@@ -1,0 +1,141 @@
+"""Generated DeepSpeed configs, validated by DeepSpeed's own config classes (the oracle)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from toolkit.render.deepspeed import deepspeed_config
+from toolkit.spec import TrainSpec, load_spec
+
+deepspeed = pytest.importorskip("deepspeed")
+ds_config = pytest.importorskip("deepspeed.runtime.config")
+
+PRESETS = Path(__file__).resolve().parents[1] / "ds_configs"
+WORLD_SIZES = (1, 2, 8)
+
+MATRIX: list[dict[str, Any]] = [
+    {"zero": {"stage": stage}, "precision": precision}
+    for stage in (0, 1, 2, 3)
+    for precision in ("fp32", "fp16", "bf16")
+] + [
+    {"optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9, "nesterov": True}, "zero": {"stage": 2}},
+    {"optimizer": {"name": "adam", "weight_decay": 0.1}, "clip_grad_norm": 0.5},
+    {"zero": {"stage": 3, "offload_optimizer": "nvme", "offload_params": "nvme", "nvme_path": "/x"}},
+    {"zero": {"stage": 1, "offload_optimizer": "cpu", "pin_memory": False}},
+    {"zero": {"stage": 2, "overlap_comm": True, "reduce_bucket_size": 1000}},
+    {
+        "pipeline": {"stages": 2, "activation_checkpoint_interval": 1},
+        "zero": {"stage": 1},
+        "launch": {"np": 2},
+    },
+    {"lr_scaling": "linear", "precision": "fp16", "loss_scaling": {"loss_scale": 128.0}},
+]
+
+
+class FakeMpu:
+    """What DeepSpeedConfig asks a model-parallel unit for: the data-parallel size."""
+
+    def __init__(self, dp: int) -> None:
+        self.dp = dp
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.dp
+
+
+@pytest.fixture(autouse=True)
+def comm_looks_initialised(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """DeepSpeedConfig only trusts `mpu` when deepspeed.comm answers get_rank(); without an
+    initialised process group it silently assumes a world of 1 and ignores `mpu`."""
+    monkeypatch.setattr(ds_config.dist, "get_rank", lambda *args, **kwargs: 0)
+    yield
+
+
+def spec_of(extra: dict[str, Any]) -> TrainSpec:
+    data = {"backend": "deepspeed", "batch": {"micro": 4, "accumulation": 2}, **extra}
+    return TrainSpec.from_dict(data)
+
+
+def validated(spec: TrainSpec, world: int) -> tuple[dict[str, Any], Any]:
+    config = deepspeed_config(spec, world)
+    dp = world // spec.pipeline.stages
+    parsed = ds_config.DeepSpeedConfig(json.loads(json.dumps(config)), mpu=FakeMpu(dp))
+    return config, parsed
+
+
+def cases() -> list[tuple[str, TrainSpec]]:
+    found = [(f"matrix{index}", spec_of(extra)) for index, extra in enumerate(MATRIX)]
+    found += [(path.stem, load_spec(path)) for path in sorted(PRESETS.glob("specs/*.yaml"))]
+    return found
+
+
+@pytest.mark.parametrize("world", WORLD_SIZES)
+@pytest.mark.parametrize(("name", "spec"), cases(), ids=[name for name, _ in cases()])
+def test_deepspeed_accepts_the_config(name: str, spec: TrainSpec, world: int) -> None:
+    if world % spec.pipeline.stages:
+        pytest.skip("pipeline stages do not divide this world size")
+    config, parsed = validated(spec, world)
+    batch = spec.batch_for(world)
+    assert parsed.world_size == batch.dp
+    # DeepSpeed's own batch check passed; the triple it kept is ours, not one it derived.
+    assert (
+        parsed.train_batch_size,
+        parsed.train_micro_batch_size_per_gpu,
+        parsed.gradient_accumulation_steps,
+    ) == (batch.global_, batch.micro, batch.accumulation)
+    assert parsed.train_batch_size == batch.micro * batch.accumulation * parsed.world_size
+    assert parsed.gradient_clipping == spec.clip_grad_norm
+    assert parsed.zero_optimization_stage == spec.zero.stage
+    assert parsed.zero_config.offload_optimizer.device == spec.zero.offload_optimizer
+    assert parsed.zero_config.offload_param.device == spec.zero.offload_params
+    assert parsed.float16_config.enabled == (spec.precision == "fp16")
+    assert parsed.bfloat16_config.enabled == (spec.precision == "bf16")
+    assert parsed.optimizer_params["lr"] == pytest.approx(spec.effective_lr(world))
+    assert parsed.gradient_allreduce_op == "mean"
+    assert not parsed.prescale_gradients and parsed.gradient_predivide_factor == 1.0
+
+
+def test_no_auto_and_no_unknown_top_level_keys() -> None:
+    import deepspeed.runtime.constants as constants
+    import deepspeed.runtime.precision_config as precision
+    import deepspeed.runtime.zero.config as zero
+
+    known = {"pipeline"}  # read by name in deepspeed.runtime.config.get_pipeline_config
+    for module in (constants, zero, precision):
+        known |= {v for k, v in vars(module).items() if k.isupper() and isinstance(v, str)}
+    for _, spec in cases():
+        config = deepspeed_config(spec, spec.pipeline.stages * 2)
+        assert set(config) <= known
+        assert '"auto"' not in json.dumps(config)  # no value left for DeepSpeed to pick
+
+
+@pytest.mark.parametrize("name", ["adam", "adamw"])
+def test_adam_mode_is_explicit(name: str) -> None:
+    """DeepSpeed runs type Adam as AdamW unless adam_w_mode is false: always write the flag."""
+    params = deepspeed_config(spec_of({"optimizer": {"name": name}}), 2)["optimizer"]["params"]
+    assert params["adam_w_mode"] is (name == "adamw")
+    assert params["torch_adam"] is True
+
+
+def test_clipping_is_written_even_when_off() -> None:
+    """DeepSpeed's default gradient_clipping is 1.0, so 0 (off) must be written out."""
+    assert ds_config.GRADIENT_CLIPPING_DEFAULT == 1.0
+    assert deepspeed_config(spec_of({}), 1)["gradient_clipping"] == 0.0
+
+
+def test_cpu_offload_uses_deepspeed_cpu_adam() -> None:
+    spec = spec_of({"zero": {"stage": 2, "offload_optimizer": "cpu"}})
+    config = deepspeed_config(spec, 2)
+    assert config["optimizer"]["params"]["torch_adam"] is False
+    assert config["zero_force_ds_cpu_optimizer"] is True
+
+
+def test_sgd_under_zero_is_allowed_explicitly() -> None:
+    spec = spec_of({"optimizer": {"name": "sgd", "momentum": 0.9}, "zero": {"stage": 1}})
+    config, parsed = validated(spec, 2)
+    assert config["optimizer"]["type"] == "SGD"  # torch.optim.SGD, looked up by this name
+    assert parsed.zero_allow_untested_optimizer is True

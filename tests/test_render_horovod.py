@@ -1,0 +1,73 @@
+"""Horovod settings, checked with Horovod's own horovodrun parser and config-file reader."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from toolkit.render import horovod
+from toolkit.spec import TrainSpec
+
+SPEC = TrainSpec.from_dict(
+    {
+        "backend": "horovod",
+        "batch": {"global": 64, "micro": 8},
+        "horovod": {
+            "controller": "gloo",
+            "fusion_threshold_mb": 32,
+            "cycle_time_ms": 2.5,
+            "cache_capacity": 512,
+            "hierarchical_allreduce": True,
+            "compression": "fp16",
+            "op": "adasum",
+            "timeline": "timeline.json",
+        },
+        "launch": {"np": 4},
+    }
+)
+
+
+def test_environment_uses_bytes_and_flags() -> None:
+    env = horovod.environment(SPEC)
+    assert env["HOROVOD_FUSION_THRESHOLD"] == str(32 * 1024 * 1024)
+    assert env["HOROVOD_CYCLE_TIME"] == "2.5"
+    assert env["HOROVOD_CONTROLLER"] == "gloo"
+    assert env["HOROVOD_HIERARCHICAL_ALLREDUCE"] == "1"
+    assert env["HOROVOD_TIMELINE"] == "timeline.json"
+
+
+def test_optimizer_options_carry_compression_op_and_accumulation() -> None:
+    assert horovod.optimizer_options(SPEC) == {
+        "compression": "Compression.fp16",
+        "op": "Adasum",
+        "backward_passes_per_step": 2,
+        "gradient_predivide_factor": 1.0,
+    }
+
+
+def test_horovodrun_reads_our_flags_and_config_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    launch = pytest.importorskip("horovod.runner.launch")
+    config_parser = pytest.importorskip("horovod.runner.common.util.config_parser")
+
+    argv = ["horovodrun", "-np", "4", *horovod.horovodrun_flags(SPEC), "python", "t.py"]
+    monkeypatch.setattr(sys, "argv", argv)
+    args = launch.parse_args()
+    env: dict[str, str] = {}
+    config_parser.set_env_from_args(env, args)
+    ours = horovod.environment(SPEC)
+    assert {key: ours[key] for key in env} == env
+    assert args.use_gloo and args.command == ["python", "t.py"]
+
+    path = tmp_path / "horovod.yaml"
+    path.write_text(yaml.safe_dump(horovod.config_file(SPEC)))
+    monkeypatch.setattr(sys, "argv", ["horovodrun", "-np", "4", "--config-file", str(path), "x"])
+    from_file = launch.parse_args()
+    env_from_file: dict[str, str] = {}
+    config_parser.set_env_from_args(env_from_file, from_file)
+    assert env_from_file == env
+    assert from_file.use_gloo

@@ -1,0 +1,106 @@
+"""Horovod for TensorFlow (Keras 3 models), ring-allreduce over Gloo or MPI.
+
+Horovod's TF layer predates Keras 3: `DistributedGradientTape.gradient` calls `.ref()` on each
+source and Keras 3 variables have none (horovod issue 4290). Gradients are therefore taken with
+respect to each Keras variable's underlying tf.Variable (`v.value`), and the initial weights are
+broadcast the same way; updates still go through the Keras optimizer onto the Keras variables.
+
+Accumulation: Horovod's own (`backward_passes_per_step`) exists only in its Keras optimizer
+wrapper, which is the part Keras 3 breaks. So a step's micro-batch gradients are summed locally
+in one compiled function and reduced once with `hvd.grouped_allreduce`, the call
+DistributedGradientTape makes itself, with the spec's op and compression.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import horovod.tensorflow as hvd
+import numpy as np
+
+from toolkit.backends.base import Backend, LossFn, MicroBatch
+from toolkit.backends.horovod.settings import export_environment
+from toolkit.backends.tf import common
+from toolkit.errors import ToolkitError
+from toolkit.render import horovod as render_horovod
+
+tf = common.tf
+
+OPS = {"Average": hvd.Average, "Sum": hvd.Sum, "Adasum": hvd.Adasum}
+COMPRESSION = {"Compression.none": hvd.Compression.none, "Compression.fp16": hvd.Compression.fp16}
+
+
+class HorovodTFBackend(Backend):
+    model: Any
+    optimizer: Any
+
+    def setup(self) -> None:
+        common.check_precision(self.spec)
+        common.configure_threads(self.spec)
+        export_environment(self.spec, self.env)
+        hvd.init()
+        if hvd.size() != self.env.world_size:
+            raise ToolkitError(
+                f"Horovod sees {hvd.size()} ranks but the launcher ({self.env.launcher}) "
+                f"announced {self.env.world_size}",
+                "start every rank through the same horovodrun or mpirun",
+            )
+        common.seed_everything(self.spec.seed)
+        self._steps: dict[int, Callable[..., Any]] = {}
+
+    def prepare(self, model: Any, optimizer: Any | None = None) -> Any:
+        self.model = common.require_keras_model(model)
+        lr = self.spec.effective_lr(self.env.world_size)
+        self.optimizer = optimizer or common.build_optimizer(self.spec, lr)
+        self.optimizer.build(self.model.trainable_variables)
+        hvd.broadcast_variables([v.value for v in self.model.variables], root_rank=0)
+        return self.model
+
+    def _build_step(self, loss_fn: LossFn) -> Callable[..., Any]:
+        model, optimizer = self.model, self.optimizer
+        options = render_horovod.optimizer_options(self.spec, self.env.world_size)
+        op, compression = OPS[options["op"]], COMPRESSION[options["compression"]]
+        clip = self.spec.clip_grad_norm
+
+        @tf.function
+        def step(inputs: Any, targets: Any) -> Any:
+            keras_variables = model.trainable_variables
+            sources = [v.value for v in keras_variables]
+            grads = [tf.zeros_like(s) for s in sources]
+            losses = []
+            for micro in range(inputs.shape[0]):
+                with tf.GradientTape() as tape:
+                    loss = common.mean_loss(loss_fn(model(inputs[micro], training=True), targets[micro]))
+                grads = [a + g for a, g in zip(grads, tape.gradient(loss, sources), strict=True)]
+                losses.append(loss)
+            count = float(inputs.shape[0])
+            grads = hvd.grouped_allreduce([g / count for g in grads], op=op, compression=compression)
+            if clip > 0:
+                grads = common.clip_like_torch(grads, clip)
+            optimizer.apply_gradients(zip(grads, keras_variables, strict=True))
+            return hvd.allreduce(tf.add_n(losses) / count, op=hvd.Average)
+
+        return step
+
+    def train_step(self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn) -> float:
+        if id(loss_fn) not in self._steps:
+            self._steps[id(loss_fn)] = self._build_step(loss_fn)
+        inputs = tf.constant(np.stack([np.asarray(x) for x, _ in micro_batches]))
+        targets = tf.constant(np.stack([np.asarray(y) for _, y in micro_batches]))
+        return float(self._steps[id(loss_fn)](inputs, targets))
+
+    def full_state_dict(self) -> dict[str, np.ndarray]:
+        return common.numpy_state(self.model)
+
+    def allreduce(self, value: Any, op: str = "mean") -> Any:
+        return hvd.allreduce(tf.constant(value), op=hvd.Average if op == "mean" else hvd.Sum)
+
+    def broadcast(self, value: Any, root: int = 0) -> Any:
+        return hvd.broadcast(tf.constant(value), root_rank=root)
+
+    def barrier(self) -> None:
+        hvd.barrier()
+
+    def shutdown(self) -> None:
+        hvd.shutdown()

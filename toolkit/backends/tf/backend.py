@@ -1,0 +1,194 @@
+"""TensorFlow tf.distribute: MirroredStrategy in one process, MultiWorkerMirroredStrategy across.
+
+- One process with tf.local_devices > 1: the CPU is split into that many logical devices and
+  MirroredStrategy keeps one replica on each (how to try data parallelism without GPUs).
+- Several processes: MultiWorkerMirroredStrategy over TF_CONFIG. The toolkit's own launcher
+  writes TF_CONFIG for each rank; under mpirun the ranks agree on their addresses through MPI;
+  under srun they are the job's hosts with ports counting up from tf.port.
+
+Accumulation: TensorFlow has none of its own, so one compiled step runs every micro-batch of
+the step on each replica, sums the gradients locally and reduces once. Keras' optimizer then sums
+over replicas (see toolkit.backends.tf.common), so each replica hands it its share, mean / n.
+With clipping on, the toolkit all-reduces first, clips the mean gradient torch's way, and hands
+Keras clipped / n: dividing by a power of two and summing n equal copies is exact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+import numpy as np
+
+from toolkit.backends.base import Backend, LossFn, MicroBatch
+from toolkit.backends.registry import MPI_ENVIRONMENTS
+from toolkit.backends.tf import common
+from toolkit.errors import ToolkitError
+from toolkit.render import tf as render_tf
+
+tf = common.tf
+
+COLLECTIVE_TIMEOUT_SECONDS = 300
+
+
+class TFBackend(Backend):
+    strategy: Any
+    model: Any
+    optimizer: Any
+
+    @property
+    def replicas_per_process(self) -> int:
+        return self.spec.tf.local_devices if self.env.world_size == 1 else 1
+
+    def setup(self) -> None:
+        common.check_precision(self.spec)
+        common.configure_threads(self.spec)
+        if self.env.world_size > 1:
+            self._export_tf_config()
+            options = tf.distribute.experimental.CommunicationOptions(
+                implementation=getattr(
+                    tf.distribute.experimental.CommunicationImplementation,
+                    render_tf.communication_options(self.spec)["implementation"],
+                ),
+                timeout_seconds=COLLECTIVE_TIMEOUT_SECONDS,
+            )
+            self.strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+        elif self.replicas_per_process > 1:
+            self._split_cpu(self.replicas_per_process)
+            devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+            self.strategy = tf.distribute.MirroredStrategy(
+                devices=devices, cross_device_ops=tf.distribute.ReductionToOneDevice()
+            )
+        else:
+            self.strategy = tf.distribute.get_strategy()
+        common.seed_everything(self.spec.seed)
+        self._steps: dict[int, Callable[..., Any]] = {}
+
+    def _split_cpu(self, count: int) -> None:
+        (cpu,) = tf.config.list_physical_devices("CPU")
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(count)]
+        )
+
+    def _export_tf_config(self) -> None:
+        """TF_CONFIG for this worker, unless the launcher already gave one."""
+        if "TF_CONFIG" in os.environ:
+            return
+        if self.env.launcher in MPI_ENVIRONMENTS:
+            from toolkit.backends.mpi.rendezvous import gather_addresses
+
+            workers = gather_addresses(
+                single_host=self.env.local_world_size == self.env.world_size,
+                port=self.spec.tf.port + self.env.local_rank,
+            )
+        elif self.env.hosts:
+            per_host = self.env.local_world_size
+            workers = [
+                f"{self.env.hosts[rank // per_host]}:{self.spec.tf.port + rank % per_host}"
+                for rank in range(self.env.world_size)
+            ]
+        else:
+            workers = render_tf.worker_addresses(self.spec)
+        if len(workers) != self.env.world_size:
+            raise ToolkitError(
+                f"{len(workers)} TF workers for {self.env.world_size} ranks",
+                "set launch.np to the number of processes the launcher starts",
+            )
+        os.environ["TF_CONFIG"] = json.dumps(
+            {"cluster": {"worker": workers}, "task": {"type": "worker", "index": self.env.rank}}
+        )
+
+    def scope(self) -> AbstractContextManager[Any]:
+        return self.strategy.scope()
+
+    def prepare(self, model: Any, optimizer: Any | None = None) -> Any:
+        self.model = common.require_keras_model(model)
+        with self.strategy.scope():
+            lr = self.spec.effective_lr(self.env.world_size * self.replicas_per_process)
+            self.optimizer = optimizer or common.build_optimizer(self.spec, lr)
+            self.optimizer.build(self.model.trainable_variables)
+        return self.model
+
+    def _compiled_step(self, loss_fn: LossFn) -> Callable[..., Any]:
+        if id(loss_fn) not in self._steps:
+            self._steps[id(loss_fn)] = self._build_step(loss_fn)
+        return self._steps[id(loss_fn)]
+
+    def _build_step(self, loss_fn: LossFn) -> Callable[..., Any]:
+        strategy, model, optimizer = self.strategy, self.model, self.optimizer
+        clip = self.spec.clip_grad_norm
+
+        def replica_step(inputs: Any, targets: Any) -> Any:
+            variables = model.trainable_variables
+            replicas = tf.distribute.get_replica_context().num_replicas_in_sync
+            grads = [tf.zeros_like(v) for v in variables]
+            losses = []
+            for micro in range(inputs.shape[0]):  # the step's micro-batches, unrolled
+                with tf.GradientTape() as tape:
+                    loss = common.mean_loss(loss_fn(model(inputs[micro], training=True), targets[micro]))
+                grads = [a + g for a, g in zip(grads, tape.gradient(loss, variables), strict=True)]
+                losses.append(loss)
+            count = float(inputs.shape[0])
+            grads = [g / count for g in grads]
+            if clip > 0:
+                context = tf.distribute.get_replica_context()
+                grads = [g / replicas for g in context.all_reduce(tf.distribute.ReduceOp.SUM, grads)]
+                grads = common.clip_like_torch(grads, clip)
+            optimizer.apply_gradients(zip([g / replicas for g in grads], variables, strict=True))
+            return tf.add_n(losses) / count
+
+        @tf.function
+        def step(inputs: Any, targets: Any) -> Any:
+            per_replica = strategy.run(replica_step, args=(inputs, targets))
+            return strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None)
+
+        return step
+
+    def _distribute(self, stacked: np.ndarray) -> Any:
+        """[micro-batches, replicas × micro, ...] -> each local replica's [micro-batches, micro, ...]."""
+        replicas = self.replicas_per_process
+        if replicas == 1:
+            return tf.constant(stacked)
+        micro = stacked.shape[1] // replicas
+
+        def piece(context: Any) -> Any:
+            index = context.replica_id_in_sync_group % replicas
+            return tf.constant(stacked[:, index * micro : (index + 1) * micro])
+
+        return self.strategy.experimental_distribute_values_from_function(piece)
+
+    def train_step(self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn) -> float:
+        inputs = np.stack([np.asarray(x) for x, _ in micro_batches])
+        targets = np.stack([np.asarray(y) for _, y in micro_batches])
+        loss = self._compiled_step(loss_fn)(self._distribute(inputs), self._distribute(targets))
+        return float(loss)
+
+    def full_state_dict(self) -> dict[str, np.ndarray]:
+        return common.numpy_state(self.model)
+
+    def allreduce(self, value: Any, op: str = "mean") -> Any:
+        """Over processes (workers); MirroredStrategy's replicas inside one process are one."""
+        if self.env.world_size == 1:
+            return tf.constant(value)
+        reduce_op = tf.distribute.ReduceOp.MEAN if op == "mean" else tf.distribute.ReduceOp.SUM
+        tensor = tf.constant(value)
+
+        @tf.function
+        def reduce() -> Any:
+            per_replica = self.strategy.run(lambda: tf.identity(tensor))
+            return self.strategy.reduce(reduce_op, per_replica, axis=None)
+
+        return reduce()
+
+    def broadcast(self, value: Any, root: int = 0) -> Any:
+        """Root's value on every worker: a SUM in which every other worker contributes zeros."""
+        tensor = tf.constant(value)
+        mine = tensor if self.env.rank == root else tf.zeros_like(tensor)
+        return self.allreduce(mine, op="sum")
+
+    def barrier(self) -> None:
+        if self.env.world_size > 1:
+            self.allreduce(0.0, op="sum")
