@@ -12,7 +12,6 @@ held-out accuracy is below --min-accuracy.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -23,7 +22,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 
 import toolkit  # noqa: E402
-from toolkit.datasets import digits  # noqa: E402
+from toolkit.datasets import digits
+from toolkit.report import exit_on_user_error, print_json, weights_digest  # noqa: E402
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -64,16 +64,17 @@ def main() -> int:
         run.save(args.save)
     predictions = np.argmax(np.asarray(model(data.x_test)), axis=1)
     held_out = float((predictions == data.y_test).mean())
+    print_json(rank=run.rank, weights_sha256=weights_digest(weights))
     if run.is_main:
-        print(json.dumps({
-            "backend": spec.backend, "launcher": run.env.launcher, "world_size": run.world_size,
-            "replicas": run.dp_size, "steps": len(losses), "first_loss": losses[0],
-            "final_loss": losses[-1], "accuracy": held_out,
-            "weights_checksum": float(sum(np.abs(w).sum() for w in weights.values())),
-        }))
+        print_json(
+            backend=spec.backend, launcher=run.env.launcher, world_size=run.world_size,
+            replicas=run.dp_size, steps=len(losses), first_loss=losses[0],
+            final_loss=losses[-1], accuracy=held_out,
+            weights_checksum=float(sum(np.abs(w).sum() for w in weights.values())),
+        )
     run.shutdown()
     return 0 if held_out >= args.min_accuracy else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_on_user_error(main))

@@ -15,7 +15,6 @@ held-out accuracy is below --min-accuracy.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import numpy as np
@@ -23,6 +22,7 @@ import torch
 
 import toolkit
 from toolkit.datasets import digits
+from toolkit.report import exit_on_user_error, print_json, weights_digest
 from toolkit.launch.environment import split_local_rank_arg
 
 
@@ -67,15 +67,16 @@ def main() -> int:
     if args.save:
         run.save(args.save)
     held_out = accuracy(weights, data.x_test, data.y_test)
+    print_json(rank=run.rank, weights_sha256=weights_digest(weights))
     if run.is_main:
-        print(json.dumps({
-            "backend": spec.backend, "launcher": run.env.launcher, "world_size": run.world_size,
-            "steps": len(losses), "first_loss": losses[0], "final_loss": losses[-1],
-            "accuracy": held_out, "weights_checksum": float(sum(np.abs(w).sum() for w in weights.values())),
-        }))
+        print_json(
+            backend=spec.backend, launcher=run.env.launcher, world_size=run.world_size,
+            steps=len(losses), first_loss=losses[0], final_loss=losses[-1],
+            accuracy=held_out, weights_checksum=float(sum(np.abs(w).sum() for w in weights.values())),
+        )
     run.shutdown()
     return 0 if held_out >= args.min_accuracy else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_on_user_error(main))

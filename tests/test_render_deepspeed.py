@@ -23,9 +23,19 @@ MATRIX: list[dict[str, Any]] = [
     for stage in (0, 1, 2, 3)
     for precision in ("fp32", "fp16", "bf16")
 ] + [
-    {"optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9, "nesterov": True}, "zero": {"stage": 2}},
+    {
+        "optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9, "nesterov": True},
+        "zero": {"stage": 2},
+    },
     {"optimizer": {"name": "adam", "weight_decay": 0.1}, "clip_grad_norm": 0.5},
-    {"zero": {"stage": 3, "offload_optimizer": "nvme", "offload_params": "nvme", "nvme_path": "/x"}},
+    {
+        "zero": {
+            "stage": 3,
+            "offload_optimizer": "nvme",
+            "offload_params": "nvme",
+            "nvme_path": "/x",
+        }
+    },
     {"zero": {"stage": 1, "offload_optimizer": "cpu", "pin_memory": False}},
     {"zero": {"stage": 2, "overlap_comm": True, "reduce_bucket_size": 1000}},
     {
@@ -78,7 +88,7 @@ def cases() -> list[tuple[str, TrainSpec]]:
 def test_deepspeed_accepts_the_config(name: str, spec: TrainSpec, world: int) -> None:
     if world % spec.pipeline.stages:
         pytest.skip("pipeline stages do not divide this world size")
-    config, parsed = validated(spec, world)
+    _, parsed = validated(spec, world)
     batch = spec.batch_for(world)
     assert parsed.world_size == batch.dp
     # DeepSpeed's own batch check passed; the triple it kept is ours, not one it derived.

@@ -12,20 +12,25 @@ so `srun torchrun ...` gives each torchrun worker the SLURM_PROCID of its node's
 and an `mpirun` inside an sbatch allocation gives every rank the batch step's SLURM_*. Variables
 that only an inner launcher sets therefore come before the ones an outer launcher leaves behind.
 
-What the real launchers set, as seen on Debian 12 with Open MPI 4.1.4, torch 2.13 and
-DeepSpeed 0.19.8 (2 processes on one machine):
+What the real launchers set, as seen on Debian 12 with Open MPI 4.1.4, torch 2.13, DeepSpeed
+0.19.8 and Horovod 0.28.1 (2 processes on one machine; tests/test_launch_environment_real.py):
 
 - Open MPI gives no node index. OMPI_COMM_WORLD_NODE_RANK, despite its name, is the rank among
   the processes on this node (it equals the local rank), so node_rank is derived as
   rank // local size, which holds for mpirun's default by-slot mapping.
-- horovodrun --mpi sets no HOROVOD_RANK: its ranks are plain Open MPI processes.
+- horovodrun --gloo sets HOROVOD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE, _CROSS_RANK,
+  _CROSS_SIZE, _HOSTNAME, _CONTROLLER=gloo and HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT (its own
+  rendezvous server, 127.0.0.1 on one machine). horovodrun --mpi sets no HOROVOD_* variable at
+  all: its ranks are plain Open MPI processes.
 - The deepspeed launcher sets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_SIZE, CROSS_RANK (node
   index), CROSS_SIZE, MASTER_ADDR (127.0.0.1 on one machine) and MASTER_PORT (29500 unless
-  --master_port is given), appends --local_rank=N to the script's arguments, and on a machine
-  without a GPU also sets CUDA_VISIBLE_DEVICES=0,1,... It sets OMP_NUM_THREADS only with
-  --bind_cores_to_rank. Its multi-node MPI and Slurm back ends (--launcher openmpi|mpich|impi|
-  slurm) run the script directly under mpirun or srun and set none of these: such processes
-  are detected as "openmpi", "mpich" or "srun".
+  --master_port is given, so two jobs on one machine collide), appends --local_rank=N right
+  after the program (so `--no_python python -m mod` breaks: use `--module mod`), and on a
+  machine without a GPU also sets CUDA_VISIBLE_DEVICES=0,1,... It counts one CPU "device" per
+  NUMA node (or LOCAL_SIZE), so a 2-process CPU run needs --num_gpus 2. It sets
+  OMP_NUM_THREADS only with --bind_cores_to_rank. Its multi-node MPI and Slurm back ends
+  (--launcher openmpi|mpich|impi|slurm) run the script directly under mpirun or srun and set
+  none of these: such processes are detected as "openmpi", "mpich" or "srun".
 - torchrun sets TORCHELASTIC_RUN_ID, GROUP_RANK (node index), LOCAL_WORLD_SIZE,
   MASTER_ADDR=localhost, and OMP_NUM_THREADS=1 when it starts more than one process per node.
 """
@@ -524,7 +529,8 @@ class Single(Detector):
 
 
 DETECTORS: tuple[type[Detector], ...] = (
-    # Set only by the toolkit's own launcher, per process: nothing can be nested inside it.
+    # Set per process by the toolkit's own launcher, whose run_launcher strips them from any
+    # launch started inside a rank, so they are never an outer job's leftovers.
     ToolkitLocal,
     # HOROVOD_RANK is set only by horovodrun's Gloo mode, which copies its whole environment
     # into the ranks, so an enclosing job's RANK or SLURM_* can sit next to it.

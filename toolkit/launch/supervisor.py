@@ -9,26 +9,31 @@ output (the deepspeed launcher reports a failed rank on stdout).
 
 When a process exits non-zero or dies by a signal, every other one is stopped: SIGTERM, then
 SIGKILL after `grace` seconds, to every process group involved and to every descendant seen.
-Process groups alone are not enough, because the launchers do not keep their ranks in theirs
-(measured here, Open MPI 4.1.4, torch 2.13, DeepSpeed 0.19.8):
+Killing the launcher's process group is not enough: none of the launchers keeps its ranks there.
+What each did here with 2 ranks when one rank was SIGKILLed mid-run (Open MPI 4.1.4, torch
+2.13, DeepSpeed 0.19.8, Horovod 0.28.1):
 
-- mpirun puts each rank in its own process group (same session).
-- torchrun starts each worker in its own session (start_new_session=True), and on SIGTERM
-  waits up to 30 s for the workers before killing them.
-- the deepspeed launcher keeps its ranks in its own process group; its per-node launch.py
-  polls them once a second and, when one fails, terminates the others (waiting up to 30 s)
-  and exits with the failed rank's status.
-- horovodrun runs each rank through a middleman process in a new session.
+- mpirun: each rank in a process group of its own (same session). Aborts the job about a
+  second later ("mpirun noticed that process rank 1 ... exited on signal 9 (Killed)"), 137.
+- torchrun: each worker in a session of its own. Its default --max-restarts is 0, so it stops
+  the other worker and exits 1 with a ChildFailedError naming the killed rank (with restarts
+  left it would restart the whole group instead). On SIGTERM it waits up to 30 s for workers.
+- deepspeed: ranks stay in the launcher's group. launch.py polls them once a second,
+  terminates the rest (waiting up to 30 s) and exits 247 (it calls sys.exit(-9)), logging
+  the failure on stdout, not stderr.
+- horovodrun --gloo: each rank is `sh -c "env ... CMD"` under a middleman in a new session.
+  Stops the other rank and exits 1 with "RuntimeError: Horovod detected that one or more
+  processes exited with non-zero status".
 
-So the supervisor polls the tree of its children with psutil and remembers every descendant it
-has seen, which lets it kill ranks whose launcher has already died and been reparented away.
-A descendant that starts and detaches between two polls (POLL_SECONDS) would escape; none of
-the launchers above does that.
+So the supervisor lists the whole process table's parent links every POLL_SECONDS and remembers
+every descendant it has seen, which finds ranks in other sessions and ranks whose launcher died
+and left them to init. A descendant that starts and detaches between two polls would escape;
+none of the launchers above does that. If the supervisor itself is SIGKILLed, its ranks survive
+(it cannot clean up after that); SIGTERM to it is handled and stops them.
 
 A launcher that never notices its dead rank is caught too: a rank that ended badly and stays an
 unreaped zombie for longer than `grace` means its parent is not watching, and the supervisor
-tears the job down itself. (Open MPI, torchrun and deepspeed all notice on their own; see
-tests/test_launch_supervisor.py for how fast.)
+tears the job down itself. All four launchers above noticed on their own.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -264,19 +269,18 @@ def _watch(
         # Only in launcher mode: local ranks are polled directly above, and what a rank does
         # with its own subprocesses is the rank's business.
         orphan = tree.unreaped_failure(grace) if launcher is not None else None
-        if launcher is not None and orphan is not None:
+        if orphan is not None:
             code, what = orphan
             reason = (
-                f"{what} {_describe_status(code)} and {launcher.label} did not react for "
+                f"{what} {_describe_status(code)} and {processes[0].label} did not react for "
                 f"{grace:g} s; stopped the job"
             )
             return LaunchResult(_shell_code(code), None, reason), launcher
         if terminated.is_set():
             return LaunchResult(128 + signal.SIGTERM, None, "the supervisor got SIGTERM"), None
         if deadline is not None and time.monotonic() > deadline:
-            return LaunchResult(TIMEOUT_RETURNCODE, None, f"timed out after {timeout:g} s"), (
-                launcher
-            )
+            reason = f"timed out after {timeout:g} s"
+            return LaunchResult(TIMEOUT_RETURNCODE, None, reason), launcher
         time.sleep(POLL_SECONDS)
 
 
@@ -299,9 +303,12 @@ def _sigterm_recorded() -> Iterator[threading.Event]:
 
 def _describe_status(code: int) -> str:
     """Popen's returncode (negative for a signal) as words."""
-    if code < 0:
+    if code >= 0:
+        return f"exited with status {code}"
+    try:
         return f"was killed by {signal.Signals(-code).name}"
-    return f"exited with status {code}"
+    except ValueError:  # a real-time signal has no name
+        return f"was killed by signal {-code}"
 
 
 def _shell_code(code: int) -> int:
@@ -317,30 +324,32 @@ class _Tree:
         self._zombie_since: dict[int, float] = {}
 
     def refresh(self) -> None:
-        """Remember the current descendants of the roots and of every process seen so far
-        (the latter finds children whose parent was already killed)."""
-        parents: list[psutil.Process] = []
-        for root in self._roots:
-            try:
-                parents.append(psutil.Process(root.popen.pid))
-            except psutil.NoSuchProcess:
-                continue
-        parents += self._seen.values()
-        for parent in parents:
-            try:
-                children = parent.children(recursive=True)
-            except psutil.Error:
-                continue
-            for child in children:
-                self._seen.setdefault(child.pid, child)
+        """Remember the current descendants of the running roots and of every live process
+        seen so far; the latter finds children whose parent was already killed."""
+        children: dict[int, list[psutil.Process]] = defaultdict(list)
+        for process in psutil.process_iter(["ppid"]):
+            children[process.info["ppid"]].append(process)
+        parents = [root.popen.pid for root in self._roots if root.popen.poll() is None]
+        parents += [process.pid for process in self._live_descendants()]
+        visited = set(parents)
+        while parents:
+            for child in children.get(parents.pop(), []):
+                if child.pid in visited:
+                    continue
+                visited.add(child.pid)
+                parents.append(child.pid)
+                known = self._seen.get(child.pid)
+                if known is None or not _running(known):  # new, or a reused pid
+                    self._seen[child.pid] = child
 
     def unreaped_failure(self, grace: float) -> tuple[int, str] | None:
         """A descendant that ended badly and that its parent has not reaped for `grace`
         seconds: (Popen-style status, description), or None."""
         now = time.monotonic()
-        for pid, process in list(self._seen.items()):
+        for pid, process in self._seen.items():
             try:
                 zombie = process.status() == psutil.STATUS_ZOMBIE
+                name = process.name()
             except psutil.Error:
                 zombie = False
             if not zombie:
@@ -349,10 +358,6 @@ class _Tree:
             since = self._zombie_since.setdefault(pid, now)
             code = _zombie_status(pid)
             if code and now - since >= grace:
-                try:
-                    name = process.name()
-                except psutil.Error:
-                    name = "?"
                 return code, f"process {pid} ({name})"
         return None
 
@@ -401,14 +406,15 @@ class _Tree:
         )
 
     def _live_descendants(self) -> list[psutil.Process]:
-        alive = []
-        for process in self._seen.values():
-            try:
-                if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(process)
-            except psutil.Error:
-                continue
-        return alive
+        return [process for process in self._seen.values() if _running(process)]
+
+
+def _running(process: psutil.Process) -> bool:
+    """Alive and not a zombie; False too when its pid now belongs to another process."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _zombie_status(pid: int) -> int | None:

@@ -52,6 +52,7 @@ def environment(spec: TrainSpec) -> dict[str, str]:
         env["HOROVOD_AUTOTUNE"] = "1"
     if hvd.timeline:
         env["HOROVOD_TIMELINE"] = hvd.timeline
+        env["HOROVOD_TIMELINE_MARK_CYCLES"] = "0"
     return env
 
 
@@ -71,7 +72,7 @@ def horovodrun_flags(spec: TrainSpec) -> list[str]:
         "--autotune" if hvd.autotune else "--no-autotune",
     ]
     if hvd.timeline:
-        flags += ["--timeline-filename", hvd.timeline]
+        flags += ["--timeline-filename", hvd.timeline, "--no-timeline-mark-cycles"]
     return flags
 
 

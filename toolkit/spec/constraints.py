@@ -17,8 +17,9 @@ from toolkit.spec.errors import SpecIssue
 Check = Callable[[Any, str], list[SpecIssue]]
 
 
-def metadata(check: Check, **extra: str) -> dict[str, Any]:
-    return {"check": check, **extra}
+def metadata(check: Check) -> dict[str, Any]:
+    """Field metadata attaching `check`."""
+    return {"check": check}
 
 
 def number(
@@ -64,7 +65,7 @@ def number(
 
 
 def text(
-    pattern: str | None = None, *, what: str = "text", hint: str | None = None, **extra: str
+    pattern: str | None = None, *, what: str = "text", hint: str | None = None
 ) -> dict[str, Any]:
     """A string (when given) that is non-empty, has no control characters, matches `pattern`.
 
@@ -80,4 +81,4 @@ def text(
             return [SpecIssue(path=path, value=value, allowed=f"must be {what}", hint=hint)]
         return []
 
-    return metadata(check, **extra)
+    return metadata(check)

@@ -12,7 +12,6 @@ Building a `TrainSpec` validates it: every problem is collected into one `SpecEr
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -253,7 +252,7 @@ class TfSpec:
     """Port of the first worker on each host; the next workers there use port + 1, + 2, ..."""
     local_devices: int = field(default=1, metadata=number(ge=1, le=64))
     """Replicas in one process: MirroredStrategy over this many logical CPU devices, used when
-    the job has one process. Data-parallel replicas = processes × local_devices."""
+    the job has one process. Data-parallel replicas = processes * local_devices."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -404,7 +403,3 @@ class TrainSpec:
         if self.lr_scaling == "linear":
             return self.optimizer.lr * self.batch_for(world_size).dp
         return self.optimizer.lr
-
-    def replace(self, **changes: Any) -> TrainSpec:
-        """A copy with top-level fields changed (validated again)."""
-        return dataclasses.replace(self, **changes)

@@ -1,0 +1,110 @@
+"""Cluster artifacts: the Slurm batch script passes `bash -n`, the MPIJob has what v2beta1
+requires, and the hostfile is in the deepspeed launcher's format."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from toolkit.render.hostfile import hostfile
+from toolkit.render.mpijob import mpijob_manifest
+from toolkit.render.slurm import sbatch_script
+from toolkit.spec import SpecError, TrainSpec
+
+# Engines set environment variables when imported: import them before the leak fixture runs.
+try:
+    import deepspeed.launcher.runner as ds_runner
+except ImportError:  # the check below skips
+    ds_runner = None  # type: ignore[assignment]
+
+EVIL = "a; rm -rf / $(touch pwned) `id` 'quoted' \"double\""
+COMMAND = ["train.py", "--note", EVIL]
+
+
+def spec(**launch: object) -> TrainSpec:
+    return TrainSpec.from_dict({"backend": "ddp", "launch": launch})
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
+@pytest.mark.parametrize(
+    "launch",
+    [
+        {"launcher": "srun", "np": 2},
+        {"launcher": "srun", "hosts": ["n1:2", "n2:1"], "partition": "gpu", "env": {"X": EVIL}},
+        {"launcher": "mpirun", "hosts": ["n1:4", "n2:4"], "time_limit": "1-00:00:00"},
+    ],
+)
+def test_sbatch_script_passes_bash_n(tmp_path: Path, launch: dict[str, object]) -> None:
+    script = sbatch_script(spec(**launch), COMMAND)
+    path = tmp_path / "job.sh"
+    path.write_text(script)
+    done = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert script.startswith("#!/bin/bash\n#SBATCH --job-name=toolkit-train\n")
+    # Running the command line through bash's own word splitting gives back the argv.
+    last = script.rstrip().splitlines()[-1]
+    echoed = subprocess.run(
+        ["bash", "-c", 'f() { printf "%s\\n" "$@"; }; f ' + last],
+        capture_output=True,
+        text=True,
+    )
+    assert echoed.stdout.splitlines()[-3:] == COMMAND
+
+
+def test_sbatch_refuses_launchers_it_cannot_use() -> None:
+    with pytest.raises(SpecError, match=r"launch\.launcher"):
+        sbatch_script(spec(np=2), COMMAND)  # torchrun
+
+
+def test_mpijob_has_the_v2beta1_fields() -> None:
+    data = {
+        "backend": "horovod",
+        "horovod": {"controller": "mpi"},
+        "launch": {
+            "launcher": "mpirun",
+            "hosts": ["a:4", "b:4"],
+            "image": "reg/toolkit:1",
+            "job_name": "mnist-hvd",
+        },
+    }
+    manifest = yaml.safe_load(yaml.safe_dump(mpijob_manifest(TrainSpec.from_dict(data), COMMAND)))
+    assert manifest["apiVersion"] == "kubeflow.org/v2beta1"
+    assert manifest["kind"] == "MPIJob"
+    assert manifest["metadata"]["name"] == "mnist-hvd"
+    job = manifest["spec"]
+    assert job["slotsPerWorker"] == 4
+    assert job["runPolicy"]["cleanPodPolicy"] in {"Running", "All", "None"}
+    assert job["mpiImplementation"] == "OpenMPI"
+    replicas = job["mpiReplicaSpecs"]
+    assert (replicas["Launcher"]["replicas"], replicas["Worker"]["replicas"]) == (1, 2)
+    for role in ("Launcher", "Worker"):
+        (container,) = replicas[role]["template"]["spec"]["containers"]
+        assert container["image"] == "reg/toolkit:1" and container["name"]
+        assert container["command"]
+    launcher = replicas["Launcher"]["template"]["spec"]["containers"][0]
+    assert launcher["command"] == ["mpirun"]
+    assert launcher["args"][-3:] == COMMAND
+    assert launcher["args"][launcher["args"].index("-np") + 1] == "8"
+
+
+def test_mpijob_needs_mpirun_and_equal_slots() -> None:
+    with pytest.raises(SpecError, match=r"launch\.launcher"):
+        mpijob_manifest(spec(np=2), COMMAND)
+    with pytest.raises(SpecError, match=r"launch\.hosts"):
+        mpijob_manifest(spec(launcher="mpirun", hosts=["a:1", "b:2"]), COMMAND)
+
+
+def test_hostfile_parses_with_deepspeeds_parser(tmp_path: Path) -> None:
+    runner = ds_runner or pytest.skip("deepspeed is not installed")
+    text = hostfile(
+        TrainSpec.from_dict({"backend": "deepspeed", "launch": {"hosts": ["w-0:4", "10.0.0.2:2"]}})
+    )
+    assert text == "w-0 slots=4\n10.0.0.2 slots=2\n"
+    path = tmp_path / "hostfile"
+    path.write_text(text)
+    assert dict(runner.fetch_hostfile(str(path))) == {"w-0": 4, "10.0.0.2": 2}
+    assert hostfile(TrainSpec.from_dict({"launch": {"np": 2}})) == "localhost slots=2\n"
