@@ -3,7 +3,8 @@
     python hvd_examples/tf_digits.py --spec hvd_examples/specs/tf_mirrored.yaml   # 2 devices
     toolkit launch --spec hvd_examples/specs/tf_multiworker.yaml -- hvd_examples/tf_digits.py
     mpirun -np 2 python hvd_examples/tf_digits.py --spec hvd_examples/specs/tf_multiworker.yaml
-    horovodrun -np 2 -H localhost:2 --gloo python hvd_examples/tf_digits.py --spec .../horovod_tf.yaml
+    horovodrun -np 2 -H localhost:2 --gloo python hvd_examples/tf_digits.py \
+        --spec hvd_examples/specs/horovod_tf.yaml
 
 Rank 0 shows a progress bar and prints one JSON line of metrics; the exit status is 1 when the
 held-out accuracy is below --min-accuracy.
@@ -19,11 +20,11 @@ import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import keras  # noqa: E402
+import keras
 
-import toolkit  # noqa: E402
+import toolkit
 from toolkit.datasets import digits
-from toolkit.report import exit_on_user_error, print_json, weights_digest  # noqa: E402
+from toolkit.report import exit_on_user_error, print_json, weights_digest
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -36,12 +37,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def build_model() -> keras.Model:
-    return keras.Sequential([
-        keras.Input(shape=(64,)),
-        keras.layers.Dense(128, activation="relu"),
-        keras.layers.Dense(64, activation="relu"),
-        keras.layers.Dense(10),
-    ])
+    return keras.Sequential(
+        [
+            keras.Input(shape=(64,)),
+            keras.layers.Dense(128, activation="relu"),
+            keras.layers.Dense(64, activation="relu"),
+            keras.layers.Dense(10),
+        ]
+    )
 
 
 def loss_fn(logits: object, labels: object) -> object:
@@ -67,9 +70,14 @@ def main() -> int:
     print_json(rank=run.rank, weights_sha256=weights_digest(weights))
     if run.is_main:
         print_json(
-            backend=spec.backend, launcher=run.env.launcher, world_size=run.world_size,
-            replicas=run.dp_size, steps=len(losses), first_loss=losses[0],
-            final_loss=losses[-1], accuracy=held_out,
+            backend=spec.backend,
+            launcher=run.env.launcher,
+            world_size=run.world_size,
+            replicas=run.dp_size,
+            steps=len(losses),
+            first_loss=losses[0],
+            final_loss=losses[-1],
+            accuracy=held_out,
             weights_checksum=float(sum(np.abs(w).sum() for w in weights.values())),
         )
     run.shutdown()

@@ -3,7 +3,8 @@
 The script never names an engine or a launcher; the spec and the launcher do:
 
     torchrun --nproc_per_node 2 hvd_examples/torch_digits.py --spec hvd_examples/specs/ddp.yaml
-    horovodrun -np 2 -H localhost:2 --gloo python hvd_examples/torch_digits.py --spec .../horovod.yaml
+    horovodrun -np 2 -H localhost:2 --gloo python hvd_examples/torch_digits.py \
+        --spec hvd_examples/specs/horovod.yaml
     mpirun -np 2 python hvd_examples/torch_digits.py --spec hvd_examples/specs/horovod.yaml
     deepspeed --num_gpus 2 hvd_examples/torch_digits.py --spec hvd_examples/specs/zero2.yaml
     toolkit launch --spec hvd_examples/specs/ddp.yaml -- hvd_examples/torch_digits.py
@@ -22,8 +23,8 @@ import torch
 
 import toolkit
 from toolkit.datasets import digits
-from toolkit.report import exit_on_user_error, print_json, weights_digest
 from toolkit.launch.environment import split_local_rank_arg
+from toolkit.report import exit_on_user_error, print_json, weights_digest
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -38,8 +39,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def build_model() -> torch.nn.Sequential:
     # Sequential, so the pipeline engine can split it into stages.
     return torch.nn.Sequential(
-        torch.nn.Linear(64, 128), torch.nn.ReLU(),
-        torch.nn.Linear(128, 64), torch.nn.ReLU(),
+        torch.nn.Linear(64, 128),
+        torch.nn.ReLU(),
+        torch.nn.Linear(128, 64),
+        torch.nn.ReLU(),
         torch.nn.Linear(64, 10),
     )
 
@@ -70,9 +73,14 @@ def main() -> int:
     print_json(rank=run.rank, weights_sha256=weights_digest(weights))
     if run.is_main:
         print_json(
-            backend=spec.backend, launcher=run.env.launcher, world_size=run.world_size,
-            steps=len(losses), first_loss=losses[0], final_loss=losses[-1],
-            accuracy=held_out, weights_checksum=float(sum(np.abs(w).sum() for w in weights.values())),
+            backend=spec.backend,
+            launcher=run.env.launcher,
+            world_size=run.world_size,
+            steps=len(losses),
+            first_loss=losses[0],
+            final_loss=losses[-1],
+            accuracy=held_out,
+            weights_checksum=float(sum(np.abs(w).sum() for w in weights.values())),
         )
     run.shutdown()
     return 0 if held_out >= args.min_accuracy else 1

@@ -70,11 +70,19 @@ class RunOutput:
 
 def run(argv: list[str], *, timeout: float = RUN_TIMEOUT_S, cwd: Path = ROOT) -> RunOutput:
     done = subprocess.run(
-        argv, cwd=cwd, env=rank_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, timeout=timeout, check=False, stdin=subprocess.DEVNULL,
+        argv,
+        cwd=cwd,
+        env=rank_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+        check=False,
+        stdin=subprocess.DEVNULL,
     )
-    return RunOutput(argv=argv, returncode=done.returncode, output=done.stdout,
-                     reports=json_objects(done.stdout))
+    return RunOutput(
+        argv=argv, returncode=done.returncode, output=done.stdout, reports=json_objects(done.stdout)
+    )
 
 
 def json_objects(text: str) -> list[dict[str, Any]]:
@@ -92,7 +100,6 @@ def json_objects(text: str) -> list[dict[str, Any]]:
                 found.append(value)
             start = line.find("{", start + length)
     return found
-
 
 
 def assert_trained(result: RunOutput, *, world_size: int, min_accuracy: float) -> None:

@@ -1,4 +1,5 @@
-"""`toolkit doctor` on the real stack, in a real environment without Horovod, and with a broken one."""
+"""`toolkit doctor` on the real stack, in a real environment without Horovod, and with a
+broken one."""
 
 from __future__ import annotations
 
@@ -19,12 +20,18 @@ ROOT = Path(__file__).resolve().parent.parent
 ALL_ENGINES = {"torch", "tensorflow", "mpi", "deepspeed", "horovod"}
 
 
-def run_doctor(python: str, *args: str, extra_path: Path | None = None) -> subprocess.CompletedProcess[str]:
+def run_doctor(
+    python: str, *args: str, extra_path: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     pythonpath = [str(ROOT)] + ([str(extra_path)] if extra_path else [])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(pythonpath)}
     return subprocess.run(
         [python, "-m", "toolkit", "doctor", *args],
-        capture_output=True, text=True, timeout=600, env=env, check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        check=False,
     )
 
 
@@ -62,7 +69,9 @@ def test_real_stack_reports_every_engine_and_passes() -> None:
     # Keras 3 breaks horovod.tensorflow.keras: named as a known issue with its fix, not fatal.
     known = [p for p in engines["horovod"]["problems"] if not p["blocking"]]
     assert any("Keras 3" in p["message"] for p in known)
-    assert all(report["launchers"][name] for name in ("horovodrun", "mpirun", "deepspeed", "torchrun"))
+    assert all(
+        report["launchers"][name] for name in ("horovodrun", "mpirun", "deepspeed", "torchrun")
+    )
 
 
 def test_environment_without_horovod_is_one_clear_line_and_non_zero(bare_python: str) -> None:
@@ -79,7 +88,8 @@ def test_environment_without_horovod_is_one_clear_line_and_non_zero(bare_python:
     [
         # What a Horovod compiled against another torch looks like at import.
         (
-            "raise ImportError('mpi_lib.cpython-311-x86_64-linux-gnu.so: undefined symbol: _ZN3c10')",
+            "raise ImportError('mpi_lib.cpython-311-x86_64-linux-gnu.so: "
+            "undefined symbol: _ZN3c10')",
             "undefined symbol",
         ),
         # A crash in a compiled extension: the probe's interpreter dies, the doctor does not.

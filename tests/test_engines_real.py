@@ -7,6 +7,8 @@ with identical full weights.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from tests.realrun import BIN, PYTHON, TF_EXAMPLE, TORCH_EXAMPLE, assert_trained, mpirun, run, spec
@@ -29,16 +31,18 @@ def horovodrun(controller: str) -> list[str]:
     return [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", f"--{controller}", PYTHON]
 
 
+def toolkit_launch(name: str, script_args: Callable[[str], list[str]]) -> list[str]:
+    return [str(BIN / "toolkit"), "launch", "--spec", spec(name), "--", *script_args(name)]
+
+
 TORCHRUN = [str(BIN / "torchrun"), "--nproc_per_node", "2"]
 DEEPSPEED = [str(BIN / "deepspeed"), "--num_gpus", "2"]
-TOOLKIT_LAUNCH = [str(BIN / "toolkit"), "launch"]
 
 CELLS: dict[str, list[str]] = {
     # DDP, the reference
     "ddp-torchrun": [*TORCHRUN, *torch_args("ddp")],
     "ddp-mpirun": [*mpirun(), PYTHON, *torch_args("ddp")],
     "ddp-deepspeed": [*DEEPSPEED, *torch_args("ddp")],
-    "ddp-toolkit_launch": [*TOOLKIT_LAUNCH, "--spec", spec("ddp"), "--", *torch_args("ddp")],
     # Horovod for torch
     "horovod-horovodrun_gloo": [*horovodrun("gloo"), *torch_args("horovod")],
     "horovod-horovodrun_mpi": [*horovodrun("mpi"), *torch_args("horovod")],
@@ -55,6 +59,14 @@ CELLS: dict[str, list[str]] = {
     "horovod_tf-horovodrun_gloo": [*horovodrun("gloo"), *tf_args("horovod_tf")],
     "horovod_tf-mpirun": [*mpirun(), PYTHON, *tf_args("horovod_tf")],
     "tf_multiworker-mpirun": [*mpirun(), PYTHON, *tf_args("tf_multiworker")],
+    # `toolkit launch` runs whichever launcher the spec names, supervised
+    "ddp-toolkit_launch_torchrun": toolkit_launch("ddp", torch_args),
+    "ddp-toolkit_launch_local": toolkit_launch("ddp_local", torch_args),
+    "horovod-toolkit_launch_horovodrun": toolkit_launch("horovod", torch_args),
+    "horovod-toolkit_launch_mpirun": toolkit_launch("horovod_mpi", torch_args),
+    "zero3-toolkit_launch_deepspeed": toolkit_launch("zero3", torch_args),
+    "tf_multiworker-toolkit_launch_local": toolkit_launch("tf_multiworker", tf_args),
+    "horovod_tf-toolkit_launch_horovodrun": toolkit_launch("horovod_tf", tf_args),
 }
 
 

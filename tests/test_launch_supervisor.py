@@ -203,10 +203,16 @@ def test_free_port_is_bindable() -> None:
         sock.bind(("127.0.0.1", port))
 
 
-def kill_one_rank(argv: Sequence[str]) -> tuple[LaunchResult, float, list[psutil.Process]]:
-    """Run a launcher with two SLEEPING_RANKs, SIGKILL rank process 1 once both are up, and
-    return the result, the seconds from the kill to the result, and every process seen."""
-    result = in_background(lambda: run_launcher(argv, timeout=120))
+def kill_one_rank(
+    argv: Sequence[str], *, local: bool = False
+) -> tuple[LaunchResult, float, list[psutil.Process]]:
+    """Run a launcher (or, with `local`, the toolkit's own) with two SLEEPING_RANKs, SIGKILL
+    rank process 1 once both are up, and return the result, the seconds from the kill to the
+    result, and every process seen."""
+    if local:
+        result = in_background(lambda: run_local(argv, 2, timeout=120))
+    else:
+        result = in_background(lambda: run_launcher(argv, timeout=120))
     ranks = wait_for(ranks_of_this_test, 2)
     tree = psutil.Process().children(recursive=True)
     killed_at = time.monotonic()
@@ -220,6 +226,15 @@ def assert_job_ended(result: LaunchResult, elapsed: float, tree: list[psutil.Pro
     assert elapsed < CONTRACT_SECONDS, result.report()
     survivors = [p.pid for p in tree if not gone(p)]
     assert not survivors, f"still running: {survivors}"
+
+
+@pytest.mark.multiproc
+def test_local_rank_killed() -> None:
+    """The toolkit's own launcher: the supervisor sees rank 1 die by SIGKILL (128 + 9)."""
+    result, elapsed, tree = kill_one_rank(python(SLEEPING_RANK), local=True)
+    assert_job_ended(result, elapsed, tree)
+    assert result.returncode == 137
+    assert result.failed_rank is not None
 
 
 @pytest.mark.multiproc

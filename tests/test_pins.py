@@ -23,7 +23,11 @@ def assignments(text: str, pattern: str) -> dict[str, str]:
 
 def setup_pins() -> dict[str, str]:
     text = (ROOT / "scripts" / "setup.sh").read_text()
-    return {k: v for k, v in assignments(text, r'^(\w+_VERSION)="\$\{\w+:-(\S+)\}"$').items() if k in PINNED}
+    return {
+        k: v
+        for k, v in assignments(text, r'^(\w+_VERSION)="\$\{\w+:-(\S+)\}"$').items()
+        if k in PINNED
+    }
 
 
 def pyproject_pins() -> dict[str, str]:

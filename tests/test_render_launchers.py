@@ -170,7 +170,7 @@ def test_local_gives_each_rank_its_argv_env_and_tf_config() -> None:
     assert result.argv is None
     for index, rank in enumerate(result.ranks):
         assert rank.argv == ["python3", *COMMAND]
-        assert rank.env["RANK"] == str(index)
+        assert rank.env["TOOLKIT_RANK"] == str(index)
         assert f'"index":{index}' in rank.env["TF_CONFIG"]
 
 

@@ -29,7 +29,9 @@ def test_each_step_is_the_same_global_batch_for_every_cut(layout: StepLayout) ->
         ]
         (whole,) = micro_batch_indices(order, reference, step=step, dp_rank=0)
         assert sorted(pieces) == sorted(whole)
-        assert all(len(m) == layout.micro for m in micro_batch_indices(order, layout, step=step, dp_rank=0))
+        assert all(
+            len(m) == layout.micro for m in micro_batch_indices(order, layout, step=step, dp_rank=0)
+        )
 
 
 def test_order_depends_on_seed_and_epoch_only() -> None:

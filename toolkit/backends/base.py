@@ -82,7 +82,7 @@ class Backend(ABC):
     def full_state_dict(self) -> dict[str, np.ndarray]:
         """The consolidated fp32 weights, identical on every rank."""
 
-    def shutdown(self) -> None:
+    def shutdown(self) -> None:  # noqa: B027 - optional hook, most engines need nothing
         """Release the engine's resources; safe to call twice."""
 
     def scope(self) -> AbstractContextManager[Any]:

@@ -58,7 +58,7 @@ def build_optimizer(params: Any, spec: TrainSpec, lr: float) -> torch.optim.Opti
     return optimizer_class(
         params,
         lr=lr,
-        betas=tuple(opt.betas),
+        betas=(opt.betas[0], opt.betas[1]),
         eps=opt.eps,
         weight_decay=opt.weight_decay,
         amsgrad=False,

@@ -1,9 +1,11 @@
-"""`toolkit launch --spec FILE --dry-run [--json] -- SCRIPT ARGS...`: show how the job starts.
+"""`toolkit launch --spec FILE [--dry-run [--json]] [--timeout S] -- SCRIPT ARGS...`
 
-With --dry-run it prints the launcher's argv and environment and, per rank, what the launcher
-gives that rank (for `local`, each rank's own argv and environment, TF_CONFIG included).
-Arguments are shown shell-quoted for reading only; the plan itself is argv lists. Real launching
-is not wired yet: without --dry-run the spec is still validated, then a ToolkitError says so.
+Renders the spec's launcher plan (toolkit.render.launchers) and, unless --dry-run, runs it under
+the supervisor (toolkit.launch.supervisor): the real launcher for horovodrun, mpirun, deepspeed,
+torchrun and srun, or one process per rank for `local`. When any rank fails, every other rank is
+stopped and the launch exits non-zero with that rank's last lines. The dry run prints the same
+plan: the launcher's argv and environment and, per rank, what the launcher gives that rank.
+Arguments are shown shell-quoted for reading only; the plan itself is argv lists end to end.
 """
 
 from __future__ import annotations
@@ -14,12 +16,16 @@ import json
 import os
 import shlex
 import sys
+from pathlib import Path
 from typing import Any
 
+from toolkit.backends.registry import check_launcher
 from toolkit.commands._output import add_spec
 from toolkit.errors import ToolkitError
+from toolkit.launch.executables import find_launcher
+from toolkit.launch.supervisor import LaunchResult, run_launcher, run_local
 from toolkit.render.launchers import LaunchContext, LaunchPlan, launch_plan
-from toolkit.spec import load_spec
+from toolkit.spec import TrainSpec, load_spec
 
 
 def machine_context() -> LaunchContext:
@@ -51,25 +57,54 @@ def format_plan(plan: LaunchPlan) -> str:
     return "\n".join(lines)
 
 
+def execute(plan: LaunchPlan, spec: TrainSpec, timeout: float | None) -> LaunchResult:
+    """Start the plan for real and supervise it until every rank ends or one fails."""
+    if plan.launcher == "local":
+        return run_local(
+            plan.ranks[0].argv or [],
+            len(plan.ranks),
+            env=os.environ,
+            master_addr=spec.master_addr,
+            master_port=spec.launch.master_port,
+            rank_envs=[rank.env for rank in plan.ranks],
+            timeout=timeout,
+        )
+    assert plan.argv is not None  # every launcher but local has one command
+    executable = find_launcher(plan.argv[0])
+    if executable is None:
+        raise ToolkitError(
+            f"launcher {plan.argv[0]!r} (launch.launcher={spec.launcher!r}) is not installed "
+            "here: not beside this Python, not on PATH",
+            "run `toolkit doctor` to see which launchers exist, or pick another launch.launcher",
+        )
+    for path, content in plan.files.items():
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(content)
+    return run_launcher(
+        [executable, *plan.argv[1:]], env={**os.environ, **plan.env}, timeout=timeout
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
+    check_launcher(spec.backend, spec.framework_name, spec.launcher)
     plan = launch_plan(spec, args.command, machine_context())
-    if not args.dry_run:
-        raise ToolkitError(
-            "toolkit launch: real launching is not wired yet",
-            hint="use --dry-run to see the commands, and run them yourself",
-        )
-    if args.json:
-        print(json.dumps(dataclasses.asdict(plan), indent=2))
-    else:
-        print(format_plan(plan))
-    return 0
+    if args.dry_run:
+        print(json.dumps(dataclasses.asdict(plan), indent=2) if args.json else format_plan(plan))
+        return 0
+    result = execute(plan, spec, args.timeout)
+    if not result.ok:
+        print(f"toolkit launch: {result.report()}", file=sys.stderr)
+    return result.returncode
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("launch", help="start a job (for now: --dry-run only)")
+    parser = subparsers.add_parser("launch", help="start a job under the spec's launcher")
     add_spec(parser)
     parser.add_argument("--dry-run", action="store_true", help="print the plan, start nothing")
-    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.add_argument("--json", action="store_true", help="with --dry-run: the plan as JSON")
+    parser.add_argument(
+        "--timeout", type=float, default=None, help="stop every rank after this many seconds"
+    )
     parser.add_argument("command", nargs="*", metavar="-- SCRIPT ARGS", help="what each rank runs")
     parser.set_defaults(func=run)

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from toolkit.doctor.probe_protocol import REINSTALL_FIX, ProbeReport, Problem
+from toolkit.launch.executables import find_launcher
 
 # engine name -> the probe module that reports on it.
 ENGINES: dict[str, str] = {
@@ -61,14 +60,6 @@ def resolve_engines(names: Sequence[str]) -> list[str]:
     """Canonical engine names in a stable order, aliases folded; empty means all."""
     wanted = {ALIASES.get(name, name) for name in names} or set(ENGINES)
     return [name for name in ENGINES if name in wanted]
-
-
-def find_launcher(name: str) -> str | None:
-    """The launcher next to this interpreter (the venv's own) wins over one on PATH."""
-    beside_python = Path(sys.executable).parent / name
-    if beside_python.is_file() and os.access(beside_python, os.X_OK):
-        return str(beside_python)
-    return shutil.which(name)
 
 
 def run_probe(engine: str) -> ProbeReport:

@@ -22,10 +22,10 @@ def format_report(report: DoctorReport) -> str:
     if problems:
         lines.append("")
         lines.append("problems:")
-        for engine, problem in problems:
+        for name, problem in problems:
             kind = "error" if problem.blocking else "known issue"
-            lines.append(f"  {engine}: {kind}: {problem.message}")
-            lines.append(f"  {' ' * len(engine)}  FIX: {problem.fix}")
+            lines.append(f"  {name}: {kind}: {problem.message}")
+            lines.append(f"  {' ' * len(name)}  FIX: {problem.fix}")
     lines.append("")
     lines.append(
         "all requested engines work" if report.ok else "some requested engines do not work"

@@ -132,12 +132,14 @@ def run_local(
     env: Mapping[str, str] | None = None,
     master_addr: str = "127.0.0.1",
     master_port: int | None = None,
+    rank_envs: Sequence[Mapping[str, str]] | None = None,
     timeout: float | None = None,
     grace: float = DEFAULT_GRACE_SECONDS,
     echo: bool = True,
 ) -> LaunchResult:
     """Start `nprocs` copies of argv on this machine, rank i with TOOLKIT_RANK=i etc., and
-    supervise them. PYTHONUNBUFFERED=1 is set unless given, so that output arrives line by line
+    supervise them. `rank_envs[i]`, when given, adds rank i's own variables (TF_CONFIG).
+    PYTHONUNBUFFERED=1 is set unless given, so that output arrives line by line
     and the stderr tail of a killed rank is not lost in its buffer."""
     if nprocs < 1:
         raise ToolkitError(f"nprocs={nprocs}: must be at least 1.", "start one or more ranks")
@@ -147,13 +149,18 @@ def run_local(
     processes: list[_Process] = []
     try:
         for rank in range(nprocs):
-            rank_env = base | {
-                TOOLKIT_RANK: str(rank),
-                TOOLKIT_LOCAL_RANK: str(rank),
-                TOOLKIT_WORLD_SIZE: str(nprocs),
-                TOOLKIT_MASTER_ADDR: master_addr,
-                TOOLKIT_MASTER_PORT: str(port),
-            }
+            own = dict(rank_envs[rank]) if rank_envs else {}
+            rank_env = (
+                base
+                | own
+                | {
+                    TOOLKIT_RANK: str(rank),
+                    TOOLKIT_LOCAL_RANK: str(rank),
+                    TOOLKIT_WORLD_SIZE: str(nprocs),
+                    TOOLKIT_MASTER_ADDR: master_addr,
+                    TOOLKIT_MASTER_PORT: str(port),
+                }
+            )
             processes.append(_start(argv, rank_env, rank=rank, echo=echo))
     except BaseException:
         _Tree(processes).stop(grace)

@@ -27,6 +27,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from toolkit.launch.environment import (
+    TOOLKIT_LOCAL_RANK,
+    TOOLKIT_MASTER_ADDR,
+    TOOLKIT_MASTER_PORT,
+    TOOLKIT_RANK,
+    TOOLKIT_WORLD_SIZE,
+)
 from toolkit.render import horovod, tf
 from toolkit.render.hostfile import hostfile
 from toolkit.render.layout import Slot, job_hosts, rank_layout, uniform_slots
@@ -278,11 +285,22 @@ def srun(spec: TrainSpec, command: list[str], ctx: LaunchContext) -> LaunchPlan:
 
 
 def local(spec: TrainSpec, command: list[str], ctx: LaunchContext) -> LaunchPlan:
-    """The toolkit's own launcher: one process per rank on this machine, each fully described."""
+    """The toolkit's own launcher: one process per rank on this machine, each fully described.
+
+    Ranks get the TOOLKIT_* variables (which `toolkit.launch.environment` reads first) and, for
+    TensorFlow, their TF_CONFIG; the engines derive RANK, MASTER_ADDR, ... from those.
+    """
     argv = program(spec, command, ctx)
     ranks = []
     for slot in rank_layout(spec):
-        env = {**base_env(spec), **_torch_env(spec, slot)}
+        env = {
+            **base_env(spec),
+            TOOLKIT_RANK: str(slot.rank),
+            TOOLKIT_LOCAL_RANK: str(slot.local_rank),
+            TOOLKIT_WORLD_SIZE: str(spec.world_size),
+            TOOLKIT_MASTER_ADDR: spec.master_addr,
+            TOOLKIT_MASTER_PORT: str(spec.launch.master_port),
+        }
         if spec.backend == "tf":
             env["TF_CONFIG"] = tf.tf_config(spec, slot.rank)
         ranks.append(RankPlan(rank=slot.rank, host=slot.host, env=env, argv=list(argv)))

@@ -71,11 +71,15 @@ class HorovodTFBackend(Backend):
             losses = []
             for micro in range(inputs.shape[0]):
                 with tf.GradientTape() as tape:
-                    loss = common.mean_loss(loss_fn(model(inputs[micro], training=True), targets[micro]))
+                    loss = common.mean_loss(
+                        loss_fn(model(inputs[micro], training=True), targets[micro])
+                    )
                 grads = [a + g for a, g in zip(grads, tape.gradient(loss, sources), strict=True)]
                 losses.append(loss)
             count = float(inputs.shape[0])
-            grads = hvd.grouped_allreduce([g / count for g in grads], op=op, compression=compression)
+            grads = hvd.grouped_allreduce(
+                [g / count for g in grads], op=op, compression=compression
+            )
             if clip > 0:
                 grads = common.clip_like_torch(grads, clip)
             optimizer.apply_gradients(zip(grads, keras_variables, strict=True))

@@ -128,14 +128,18 @@ class TFBackend(Backend):
             losses = []
             for micro in range(inputs.shape[0]):  # the step's micro-batches, unrolled
                 with tf.GradientTape() as tape:
-                    loss = common.mean_loss(loss_fn(model(inputs[micro], training=True), targets[micro]))
+                    loss = common.mean_loss(
+                        loss_fn(model(inputs[micro], training=True), targets[micro])
+                    )
                 grads = [a + g for a, g in zip(grads, tape.gradient(loss, variables), strict=True)]
                 losses.append(loss)
             count = float(inputs.shape[0])
             grads = [g / count for g in grads]
             if clip > 0:
                 context = tf.distribute.get_replica_context()
-                grads = [g / replicas for g in context.all_reduce(tf.distribute.ReduceOp.SUM, grads)]
+                grads = [
+                    g / replicas for g in context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
+                ]
                 grads = common.clip_like_torch(grads, clip)
             optimizer.apply_gradients(zip([g / replicas for g in grads], variables, strict=True))
             return tf.add_n(losses) / count
@@ -148,7 +152,7 @@ class TFBackend(Backend):
         return step
 
     def _distribute(self, stacked: np.ndarray) -> Any:
-        """[micro-batches, replicas × micro, ...] -> each local replica's [micro-batches, micro, ...]."""
+        """[micro-batches, replicas × micro, ...] -> each replica's [micro-batches, micro, ...]."""
         replicas = self.replicas_per_process
         if replicas == 1:
             return tf.constant(stacked)

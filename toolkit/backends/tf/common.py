@@ -18,12 +18,12 @@ import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import keras  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import keras
+import tensorflow as tf
 
-from toolkit.backends.tf.optimizers import TorchAdam, TorchSGD  # noqa: E402
-from toolkit.errors import ToolkitError  # noqa: E402
-from toolkit.spec import TrainSpec  # noqa: E402
+from toolkit.backends.tf.optimizers import TorchAdam, TorchSGD
+from toolkit.errors import ToolkitError
+from toolkit.spec import TrainSpec
 
 # torch.nn.utils.clip_grad_norm_ divides by (norm + 1e-6); tf.clip_by_global_norm does not.
 TORCH_CLIP_EPS = 1e-6
@@ -44,12 +44,18 @@ def build_optimizer(spec: TrainSpec, lr: float) -> keras.optimizers.Optimizer:
     opt = spec.optimizer
     if opt.name == "sgd":
         return TorchSGD(
-            learning_rate=lr, momentum=opt.momentum, weight_decay=opt.weight_decay,
+            learning_rate=lr,
+            momentum=opt.momentum,
+            weight_decay=opt.weight_decay,
             nesterov=opt.nesterov,
         )
     return TorchAdam(
-        learning_rate=lr, beta_1=opt.betas[0], beta_2=opt.betas[1], epsilon=opt.eps,
-        weight_decay=opt.weight_decay, decoupled=opt.name == "adamw",
+        learning_rate=lr,
+        beta_1=opt.betas[0],
+        beta_2=opt.betas[1],
+        epsilon=opt.eps,
+        weight_decay=opt.weight_decay,
+        decoupled=opt.name == "adamw",
     )
 
 

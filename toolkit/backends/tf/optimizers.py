@@ -17,8 +17,9 @@ import keras
 from keras import ops
 
 
-class TorchSGD(keras.optimizers.Optimizer):  # type: ignore[misc]
-    """torch.optim.SGD: buf = momentum*buf + g (+ L2), p -= lr * (nesterov ? g + momentum*buf : buf)."""
+class TorchSGD(keras.optimizers.Optimizer):
+    """torch.optim.SGD: buf = momentum*buf + g (+ L2); p -= lr * (g + momentum*buf if nesterov
+    else buf)."""
 
     def __init__(
         self,
@@ -54,7 +55,7 @@ class TorchSGD(keras.optimizers.Optimizer):  # type: ignore[misc]
         self.assign_sub(variable, lr * grad)
 
 
-class TorchAdam(keras.optimizers.Optimizer):  # type: ignore[misc]
+class TorchAdam(keras.optimizers.Optimizer):
     """torch.optim.Adam (L2 weight decay) or, with `decoupled=True`, torch.optim.AdamW."""
 
     def __init__(
