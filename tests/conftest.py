@@ -9,8 +9,10 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-# pytest itself rewrites this one at every phase of every test.
-_PYTEST_OWNED = {"PYTEST_CURRENT_TEST"}
+# Set by others, not by tests: pytest rewrites PYTEST_CURRENT_TEST at every phase of every
+# test, and torch sets TORCHINDUCTOR_CACHE_DIR the first time an optimizer step imports
+# torch._dynamo.
+_PYTEST_OWNED = {"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR"}
 
 
 @pytest.fixture(autouse=True)

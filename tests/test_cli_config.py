@@ -113,12 +113,26 @@ def test_launch_dry_run_shows_every_rank(
     assert [rank["env"]["LOCAL_RANK"] for rank in plan["ranks"]] == ["0", "1"]
 
 
-def test_launch_without_dry_run_is_not_wired_yet(
-    capsys: pytest.CaptureFixture[str], spec_file: Path
+def test_launch_runs_every_rank_and_reports_the_one_that_failed(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    code, out, err = run(capsys, "launch", "--spec", str(spec_file), "--", "t.py")
-    assert code == 2 and out == ""
-    assert err.startswith("toolkit: error: toolkit launch: real launching is not wired yet")
+    spec = tmp_path / "local.yaml"
+    spec.write_text("backend: ddp\nlaunch: {launcher: local, np: 2}\n")
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import os, sys\n"
+        "rank = int(os.environ['TOOLKIT_RANK'])\n"
+        "print(f'rank {rank} of {os.environ[\"TOOLKIT_WORLD_SIZE\"]}', flush=True)\n"
+        "if rank == 1:\n"
+        "    sys.exit('rank 1 gives up')\n"
+    )
+    code, out, err = run(capsys, "launch", "--spec", str(spec), "--", str(script))
+    assert code == 1
+    assert "rank 0 of 2" in out and "rank 1 of 2" in out
+    assert "toolkit launch:" in err and "rank 1 gives up" in err
+    script.write_text("print('fine')\n")
+    code, out, _ = run(capsys, "launch", "--spec", str(spec), "--", str(script))
+    assert code == 0 and out.count("fine") == 2
 
 
 @pytest.mark.parametrize(

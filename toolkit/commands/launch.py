@@ -13,24 +13,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import shlex
 import sys
-from pathlib import Path
 from typing import Any
 
 from toolkit.backends.registry import check_launcher
 from toolkit.commands._output import add_spec
-from toolkit.errors import ToolkitError
-from toolkit.launch.executables import find_launcher
-from toolkit.launch.supervisor import LaunchResult, run_launcher, run_local
-from toolkit.render.launchers import LaunchContext, LaunchPlan, launch_plan
-from toolkit.spec import TrainSpec, load_spec
-
-
-def machine_context() -> LaunchContext:
-    """The facts about this machine that the (pure) launch renderers need."""
-    return LaunchContext(uid=os.getuid(), cpu_count=os.cpu_count() or 1, python=sys.executable)
+from toolkit.launch.runner import execute, machine_context
+from toolkit.render.launchers import LaunchPlan, launch_plan
+from toolkit.spec import load_spec
 
 
 def _env_line(env: dict[str, str]) -> str:
@@ -57,34 +48,6 @@ def format_plan(plan: LaunchPlan) -> str:
     return "\n".join(lines)
 
 
-def execute(plan: LaunchPlan, spec: TrainSpec, timeout: float | None) -> LaunchResult:
-    """Start the plan for real and supervise it until every rank ends or one fails."""
-    if plan.launcher == "local":
-        return run_local(
-            plan.ranks[0].argv or [],
-            len(plan.ranks),
-            env=os.environ,
-            master_addr=spec.master_addr,
-            master_port=spec.launch.master_port,
-            rank_envs=[rank.env for rank in plan.ranks],
-            timeout=timeout,
-        )
-    assert plan.argv is not None  # every launcher but local has one command
-    executable = find_launcher(plan.argv[0])
-    if executable is None:
-        raise ToolkitError(
-            f"launcher {plan.argv[0]!r} (launch.launcher={spec.launcher!r}) is not installed "
-            "here: not beside this Python, not on PATH",
-            "run `toolkit doctor` to see which launchers exist, or pick another launch.launcher",
-        )
-    for path, content in plan.files.items():
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(content)
-    return run_launcher(
-        [executable, *plan.argv[1:]], env={**os.environ, **plan.env}, timeout=timeout
-    )
-
-
 def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     check_launcher(spec.backend, spec.framework_name, spec.launcher)
@@ -92,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(json.dumps(dataclasses.asdict(plan), indent=2) if args.json else format_plan(plan))
         return 0
-    result = execute(plan, spec, args.timeout)
+    result = execute(plan, spec, timeout=args.timeout)
     if not result.ok:
         print(f"toolkit launch: {result.report()}", file=sys.stderr)
     return result.returncode

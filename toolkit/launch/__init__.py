@@ -1,22 +1,29 @@
 """The launch layer: which launcher started this process, and starting and supervising jobs.
 
 Imports no engine. `detect_environment` runs inside each rank; `run_launcher` and `run_local`
-run on the machine that starts the job.
+run on the machine that starts the job. Names are imported on first use, so that importing one
+module of this package (`toolkit doctor` uses `executables`) does not need psutil.
 """
 
-from toolkit.launch.environment import (
-    LaunchEnvironment,
-    detect_environment,
-    split_local_rank_arg,
-)
-from toolkit.launch.supervisor import LaunchResult, free_port, run_launcher, run_local
+from __future__ import annotations
 
-__all__ = [
-    "LaunchEnvironment",
-    "LaunchResult",
-    "detect_environment",
-    "free_port",
-    "run_launcher",
-    "run_local",
-    "split_local_rank_arg",
-]
+import importlib
+from typing import Any
+
+_LAZY = {
+    "LaunchEnvironment": "toolkit.launch.environment",
+    "detect_environment": "toolkit.launch.environment",
+    "split_local_rank_arg": "toolkit.launch.environment",
+    "LaunchResult": "toolkit.launch.supervisor",
+    "free_port": "toolkit.launch.supervisor",
+    "run_launcher": "toolkit.launch.supervisor",
+    "run_local": "toolkit.launch.supervisor",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'toolkit.launch' has no attribute {name!r}")
+    return getattr(importlib.import_module(_LAZY[name]), name)

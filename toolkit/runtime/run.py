@@ -67,7 +67,7 @@ class Run:
         return self.backend.prepare(model, optimizer)
 
     def layout(self) -> StepLayout:
-        batch = self.spec.batch_for(self.env.world_size * self.backend.replicas_per_process)
+        batch = self.spec.batch_for(self.env.world_size)
         return StepLayout(micro=batch.micro, accumulation=batch.accumulation, dp_size=batch.dp)
 
     def loader(self, arrays: Arrays, *, shuffle: bool = True) -> ShardedLoader:

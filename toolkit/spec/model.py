@@ -390,13 +390,20 @@ class TrainSpec:
             return self.launch.master_addr
         return self.hosts[0].name if self.hosts else "127.0.0.1"
 
+    def replicas_per_process(self, world_size: int | None = None) -> int:
+        """Data-parallel replicas inside one process: tf.local_devices for a one-process
+        tf job (MirroredStrategy), else 1."""
+        world = self.world_size if world_size is None else world_size
+        return self.tf.local_devices if self.backend == "tf" and world == 1 else 1
+
     def batch_for(self, world_size: int | None = None) -> ResolvedBatch:
-        """The batch triple for `world_size` (default: this spec's); SpecError if impossible."""
+        """The batch triple for `world_size` processes (default: this spec's); SpecError if
+        impossible. MirroredStrategy's replicas in one process count as data-parallel ranks."""
         from toolkit.spec.batch import resolve_batch
 
-        return resolve_batch(
-            self.batch, self.world_size if world_size is None else world_size, self.pipeline.stages
-        )
+        world = self.world_size if world_size is None else world_size
+        replicas = world * self.replicas_per_process(world)
+        return resolve_batch(self.batch, replicas, self.pipeline.stages)
 
     def effective_lr(self, world_size: int | None = None) -> float:
         """The learning rate every engine must use, after `lr_scaling`."""

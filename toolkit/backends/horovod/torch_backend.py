@@ -6,6 +6,12 @@ loss divided by the number of micro-batches. `gradient_predivide_factor` is set 
 explicitly: it splits the averaging into a division before and after the sum, and any other
 value changes the rounding.
 
+Finding: `hvd.broadcast_optimizer_state` "initializes" an optimizer that has no state yet by
+calling `step()` once with all-zero gradients. That advances Adam's step count (so every later
+bias correction differs from torch's) and applies weight decay once (AdamW, or SGD/Adam with L2)
+before training starts. A fresh optimizer is identical on every rank anyway (same seed, and the
+parameters are broadcast), so the state is broadcast only when there is some (a resumed one).
+
 Clipping must see the all-reduced gradient: `synchronize()` first, clip, then `step()` inside
 `skip_synchronize()`, as Horovod's docs prescribe.
 """
@@ -64,7 +70,9 @@ class HorovodTorchBackend(Backend):
             gradient_predivide_factor=options["gradient_predivide_factor"],
         )
         hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
-        hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
+        if self.optimizer.state_dict()["state"]:
+            # Only state that exists (a resumed optimizer) is broadcast; see the module docs.
+            hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
         return self.model
 
     def train_step(self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn) -> float:

@@ -41,7 +41,7 @@ class TFBackend(Backend):
 
     @property
     def replicas_per_process(self) -> int:
-        return self.spec.tf.local_devices if self.env.world_size == 1 else 1
+        return self.spec.replicas_per_process(self.env.world_size)
 
     def setup(self) -> None:
         common.check_precision(self.spec)
@@ -107,7 +107,7 @@ class TFBackend(Backend):
     def prepare(self, model: Any, optimizer: Any | None = None) -> Any:
         self.model = common.require_keras_model(model)
         with self.strategy.scope():
-            lr = self.spec.effective_lr(self.env.world_size * self.replicas_per_process)
+            lr = self.spec.effective_lr(self.env.world_size)
             self.optimizer = optimizer or common.build_optimizer(self.spec, lr)
             self.optimizer.build(self.model.trainable_variables)
         return self.model

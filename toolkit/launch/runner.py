@@ -1,0 +1,54 @@
+"""Start a rendered launch plan for real, under the supervisor. No engine imports.
+
+`toolkit launch` and the parity harness both go through `execute`, so what the dry run prints
+is what runs: the plan's argv lists and environments, never a shell string.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from toolkit.errors import ToolkitError
+from toolkit.launch.executables import find_launcher
+from toolkit.launch.supervisor import LaunchResult, run_launcher, run_local
+from toolkit.render.launchers import LaunchContext, LaunchPlan
+from toolkit.spec import TrainSpec
+
+
+def machine_context() -> LaunchContext:
+    """The facts about this machine that the (pure) launch renderers need."""
+    return LaunchContext(uid=os.getuid(), cpu_count=os.cpu_count() or 1, python=sys.executable)
+
+
+def execute(
+    plan: LaunchPlan, spec: TrainSpec, *, timeout: float | None = None, echo: bool = True
+) -> LaunchResult:
+    """Run the plan and supervise it until every rank ends or one fails."""
+    if plan.launcher == "local":
+        return run_local(
+            plan.ranks[0].argv or [],
+            len(plan.ranks),
+            env=os.environ,
+            master_addr=spec.master_addr,
+            master_port=spec.launch.master_port,
+            rank_envs=[rank.env for rank in plan.ranks],
+            timeout=timeout,
+            echo=echo,
+        )
+    if plan.argv is None:
+        raise ValueError(f"plan for {plan.launcher} has no command")
+    executable = find_launcher(plan.argv[0])
+    if executable is None:
+        raise ToolkitError(
+            f"launcher {plan.argv[0]!r} (launch.launcher={spec.launcher!r}) is not installed "
+            "here: not beside this Python, not on PATH",
+            "run `toolkit doctor` to see which launchers exist, or pick another launch.launcher",
+        )
+    for path, content in plan.files.items():
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(content)
+    return run_launcher(
+        [executable, *plan.argv[1:]], env={**os.environ, **plan.env}, timeout=timeout, echo=echo
+    )

@@ -1,0 +1,135 @@
+"""The parity cases: engine × launcher × optimizer × accumulation × clipping × precision.
+
+Every engine runs two fp32 cases that between them cover the spec's math: (a) AdamW with
+accumulation 1 and no clipping, (b) SGD with Nesterov momentum and L2 weight decay, accumulation
+2, gradient clipping on and linear learning-rate scaling. Some engines add a CNN case and the
+torch engines that can add bf16. One case compares the two frameworks' references.
+
+Tolerances, measured as max |w - w_ref| / max |w_ref| per tensor (the worst tensor) and
+max |loss - loss_ref| / |loss_ref| per step:
+- fp32 1e-5: engines differ from the reference only in reduction order (a sum split over ranks
+  and micro-batches, gloo/MPI/gRPC rings, oneDNN vs Eigen kernels), i.e. a few float32 ulps per
+  step. A wrong constant (lr 1% off, a missed clip, Adam's step count off by one) is 1e-3 or more.
+- bf16 5e-2: the forward pass rounds activations to 8 mantissa bits (about 4e-3 relative) against
+  an fp32 reference, and that rounding compounds over the steps.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+TOLERANCE = {"fp32": 1e-5, "bf16": 5e-2, "fp16": 2e-2}
+STEPS = 12
+BASE: dict[str, Any] = {"seed": 11, "batch": {"global": 32}}
+
+ADAMW_PLAIN: dict[str, Any] = {
+    "optimizer": {"name": "adamw", "lr": 0.01, "betas": [0.9, 0.99], "eps": 1e-8,
+                  "weight_decay": 0.05},
+    "batch": {"global": 32, "accumulation": 1},
+    "clip_grad_norm": 0.0,
+    "lr_scaling": "none",
+}
+SGD_ACCUMULATE_CLIP: dict[str, Any] = {
+    "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9, "nesterov": True,
+                  "weight_decay": 0.01},
+    "batch": {"global": 32, "accumulation": 2},
+    "clip_grad_norm": 0.5,
+    "lr_scaling": "linear",
+}
+RECIPES = {"adamw": ADAMW_PLAIN, "sgd-accum2-clip-lrscale": SGD_ACCUMULATE_CLIP}
+
+
+@dataclass(frozen=True)
+class Engine:
+    """An engine as a parity case runs it: spec fields plus the launcher that starts it."""
+
+    name: str
+    spec: dict[str, Any]
+    processes: int = 2
+
+
+ENGINES: dict[str, Engine] = {
+    "ddp/torchrun": Engine("ddp", {"backend": "ddp", "launch": {"launcher": "torchrun"}}),
+    "horovod/horovodrun-gloo": Engine(
+        "horovod", {"backend": "horovod", "horovod": {"controller": "gloo"},
+                    "launch": {"launcher": "horovodrun"}}),
+    "horovod/mpirun": Engine(
+        "horovod", {"backend": "horovod", "horovod": {"controller": "mpi"},
+                    "launch": {"launcher": "mpirun"}}),
+    "zero0/deepspeed": Engine("deepspeed", {"backend": "deepspeed", "zero": {"stage": 0}}),
+    "zero1/deepspeed": Engine("deepspeed", {"backend": "deepspeed", "zero": {"stage": 1}}),
+    "zero2/deepspeed": Engine("deepspeed", {"backend": "deepspeed", "zero": {"stage": 2}}),
+    "zero3/deepspeed": Engine("deepspeed", {"backend": "deepspeed", "zero": {"stage": 3}}),
+    "pipeline2/deepspeed": Engine("deepspeed", {"backend": "deepspeed", "pipeline": {"stages": 2}}),
+    "horovod-tf/horovodrun-gloo": Engine(
+        "horovod", {"backend": "horovod", "framework": "tensorflow",
+                    "horovod": {"controller": "gloo"}, "launch": {"launcher": "horovodrun"}}),
+    "tf-mirrored/in-process": Engine(
+        "tf", {"backend": "tf", "tf": {"local_devices": 2}, "launch": {"launcher": "local"}},
+        processes=1),
+    "tf-multiworker/local": Engine("tf", {"backend": "tf", "launch": {"launcher": "local"}}),
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    engine: str
+    arch: str
+    precision: str
+    spec: dict[str, Any]
+    reference_framework: str
+    reference_spec: dict[str, Any] = field(default_factory=dict)
+    """Spec for the reference run when it must differ (only to prove the check can fail)."""
+    compare_to: str | None = None
+    """For the cross-framework case: the reference framework to compare against instead."""
+
+    @property
+    def tolerance(self) -> float:
+        return TOLERANCE[self.precision]
+
+    @property
+    def framework(self) -> str:
+        return str(self.spec.get("framework", "tensorflow" if self.spec["backend"] == "tf" else "torch"))
+
+
+def merge(base: dict[str, Any], *overrides: dict[str, Any]) -> dict[str, Any]:
+    result = copy.deepcopy(base)
+    for override in overrides:
+        for key, value in override.items():
+            if isinstance(value, dict) and isinstance(result.get(key), dict):
+                result[key] = merge(result[key], value)
+            else:
+                result[key] = copy.deepcopy(value)
+    return result
+
+
+def _case(engine_key: str, recipe: str, arch: str = "mlp", precision: str = "fp32") -> Case:
+    engine = ENGINES[engine_key]
+    spec = merge(BASE, RECIPES[recipe], engine.spec,
+                 {"precision": precision, "launch": {"np": engine.processes}})
+    name = f"{engine_key}:{arch}:{recipe}" + ("" if precision == "fp32" else f":{precision}")
+    framework = "tensorflow" if spec["backend"] == "tf" or spec.get("framework") == "tensorflow" else "torch"
+    return Case(name, engine_key, arch, precision, spec, reference_framework=framework)
+
+
+def all_cases() -> list[Case]:
+    cases = [_case(engine, recipe) for engine in ENGINES for recipe in RECIPES]
+    cases += [_case(engine, "adamw", arch="cnn") for engine in
+              ("ddp/torchrun", "horovod/horovodrun-gloo", "zero2/deepspeed", "tf-multiworker/local")]
+    cases += [_case(engine, "adamw", precision="bf16") for engine in
+              ("ddp/torchrun", "horovod/horovodrun-gloo")]
+    cross = merge(BASE, ADAMW_PLAIN, {"backend": "tf", "launch": {"np": 1, "launcher": "local"}})
+    for arch in ("mlp", "cnn"):
+        cases.append(Case(f"cross-framework:{arch}:tf-ref-vs-torch-ref", "keras vs torch", arch,
+                          "fp32", cross, reference_framework="tensorflow", compare_to="torch"))
+    return cases
+
+
+def select(cases: list[Case], patterns: list[str]) -> list[Case]:
+    """Cases whose name contains any of the patterns (all cases when there are none)."""
+    if not patterns:
+        return cases
+    return [case for case in cases if any(pattern in case.name for pattern in patterns)]

@@ -1,0 +1,162 @@
+"""Run parity cases in real processes through their real launchers and compare with references.
+
+Each case's spec is written to a file, its launch plan rendered exactly as `toolkit launch` would
+and started under the supervisor; the single-process reference of the same framework, global
+batch, optimizer and learning rate runs once per distinct setting and is reused. No engine is
+imported here: engines run only inside the launched workers.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from toolkit.launch.runner import execute, machine_context
+from toolkit.launch.supervisor import run_launcher
+from toolkit.parity.cases import STEPS, Case, merge
+from toolkit.render.launchers import launch_plan
+from toolkit.spec import TrainSpec
+
+WORKER = str(Path(__file__).with_name("worker.py"))
+CASE_TIMEOUT_S = 600
+
+
+@dataclass
+class Outcome:
+    case: Case
+    status: str  # "pass" | "fail" | "error"
+    weight_deviation: float = float("nan")
+    loss_deviation: float = float("nan")
+    losses: list[float] = field(default_factory=list)
+    reference_losses: list[float] = field(default_factory=list)
+    error: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "case": self.case.name,
+            "engine": self.case.engine,
+            "launcher": self.case.spec.get("launch", {}).get("launcher", "deepspeed"),
+            "arch": self.case.arch,
+            "precision": self.case.precision,
+            "tolerance": self.case.tolerance,
+            "status": self.status,
+            "max_weight_deviation": self.weight_deviation,
+            "max_loss_deviation": self.loss_deviation,
+            "losses": self.losses,
+            "reference_losses": self.reference_losses,
+            "error": self.error,
+        }
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    losses: list[float]
+    weights: dict[str, np.ndarray]
+
+
+def read_run(directory: Path) -> RunFiles:
+    with np.load(directory / "weights.npz", allow_pickle=False) as archive:
+        weights = {name: archive[name] for name in archive.files}
+    return RunFiles(json.loads((directory / "losses.json").read_text()), weights)
+
+
+def weight_deviation(weights: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> float:
+    """Worst tensor's max |w - w_ref| / max |w_ref|; inf when the names differ."""
+    if set(weights) != set(reference):
+        return float("inf")
+    return max(
+        float(np.abs(weights[name] - reference[name]).max() / np.abs(reference[name]).max())
+        for name in reference
+    )
+
+
+def loss_deviation(losses: list[float], reference: list[float]) -> float:
+    if len(losses) != len(reference):
+        return float("inf")
+    return max(abs(a - b) / abs(b) for a, b in zip(losses, reference, strict=True))
+
+
+class Harness:
+    def __init__(self, work_dir: Path, *, steps: int = STEPS) -> None:
+        self.work_dir = work_dir
+        self.steps = steps
+        self.references: dict[str, Path] = {}
+
+    def _worker_args(self, spec_file: Path, arch: str, out: Path) -> list[str]:
+        return [WORKER, "--spec", str(spec_file), "--arch", arch, "--steps", str(self.steps),
+                "--out", str(out)]
+
+    def _write_spec(self, data: dict[str, Any], path: Path) -> TrainSpec:
+        spec = TrainSpec.from_dict(data)  # a bad case is a SpecError before anything starts
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data))
+        return spec
+
+    def reference(self, framework: str, arch: str, data: dict[str, Any]) -> RunFiles:
+        """The single-process reference for this setting, run once and reused."""
+        spec = TrainSpec.from_dict(data)
+        key = json.dumps({
+            "framework": framework, "arch": arch, "steps": self.steps, "seed": spec.seed,
+            "global": spec.batch_for().global_, "optimizer": spec.to_dict()["optimizer"],
+            "lr": spec.effective_lr(), "clip": spec.clip_grad_norm,
+        }, sort_keys=True)
+        if key not in self.references:
+            directory = self.work_dir / "references" / f"ref{len(self.references)}-{framework}-{arch}"
+            spec_file = directory / "spec.json"
+            self._write_spec(data, spec_file)
+            argv = [sys.executable, *self._worker_args(spec_file, arch, directory),
+                    "--reference", framework]
+            result = run_launcher(argv, timeout=CASE_TIMEOUT_S, echo=False)
+            if not result.ok:
+                raise RuntimeError(f"reference {framework}/{arch} failed: {result.report()}")
+            self.references[key] = directory
+        return read_run(self.references[key])
+
+    def run_case(self, case: Case, index: int) -> Outcome:
+        directory = self.work_dir / f"case{index:02d}"
+        try:
+            reference_data = merge(case.spec, case.reference_spec)
+            reference = self.reference(case.reference_framework, case.arch, reference_data)
+            if case.compare_to:
+                run = self.reference(case.compare_to, case.arch, reference_data)
+            else:
+                run = self._run_engine(case, directory)
+        except RuntimeError as error:
+            return Outcome(case, "error", error=str(error))
+        outcome = Outcome(
+            case, "fail",
+            weight_deviation=weight_deviation(run.weights, reference.weights),
+            loss_deviation=loss_deviation(run.losses, reference.losses),
+            losses=run.losses, reference_losses=reference.losses,
+        )
+        tolerance = case.tolerance
+        if outcome.weight_deviation <= tolerance and outcome.loss_deviation <= tolerance:
+            outcome.status = "pass"
+        return outcome
+
+    def _run_engine(self, case: Case, directory: Path) -> RunFiles:
+        spec_file = directory / "spec.json"
+        spec = self._write_spec(case.spec, spec_file)
+        out = directory / "run"
+        plan = launch_plan(spec, self._worker_args(spec_file, case.arch, out), machine_context())
+        result = execute(plan, spec, timeout=CASE_TIMEOUT_S, echo=False)
+        if not result.ok:
+            raise RuntimeError(result.report())
+        return read_run(out)
+
+    def run(
+        self, cases: list[Case], on_done: Callable[[Outcome], None] | None = None
+    ) -> list[Outcome]:
+        outcomes = []
+        for index, case in enumerate(cases):
+            outcome = self.run_case(case, index)
+            outcomes.append(outcome)
+            if on_done:
+                on_done(outcome)
+        return outcomes

@@ -1,0 +1,157 @@
+"""One parity run: `python -m toolkit.parity.worker --spec S.json --arch mlp --steps N --out DIR`.
+
+Under an engine (started by its real launcher) it trains through `toolkit.init`; with
+`--reference FRAMEWORK` it is the single-process reference instead: a plain torch or Keras loop
+that imports no toolkit backend, so that a bug shared by the backends cannot cancel out. Both
+train the same steps of the same data order, and rank 0 writes the per-step losses and the final
+weights in canonical form (torch names and layouts) to DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from toolkit.datasets import digits
+from toolkit.parity.architectures import initial_weights, inputs_for
+from toolkit.sharding import StepLayout, epoch_order, micro_batch_indices
+from toolkit.spec import TrainSpec
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="one parity run")
+    parser.add_argument("--spec", required=True)
+    parser.add_argument("--arch", required=True, choices=["mlp", "cnn"])
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--reference", choices=["torch", "tensorflow"])
+    return parser.parse_args(argv)
+
+
+def global_batches(spec: TrainSpec, steps: int, num_samples: int) -> list[np.ndarray]:
+    """The sample indices of each step's whole global batch, in the loader's order."""
+    whole = StepLayout(micro=spec.batch_for().global_, accumulation=1, dp_size=1)
+    order = epoch_order(num_samples, seed=spec.seed, epoch=0, shuffle=True)
+    return [micro_batch_indices(order, whole, step=s, dp_rank=0)[0] for s in range(steps)]
+
+
+def reference_torch(spec: TrainSpec, arch: str, steps: int) -> tuple[list[float], dict]:
+    import torch
+
+    from toolkit.parity import torch_models
+
+    torch.set_num_threads(1)
+    data = digits()
+    x = torch.from_numpy(inputs_for(arch, data.x_train, "torch"))
+    y = torch.from_numpy(data.y_train)
+    model = torch_models.build(arch, initial_weights(arch, spec.seed))
+    opt, lr = spec.optimizer, spec.effective_lr()
+    if opt.name == "sgd":
+        optimizer: torch.optim.Optimizer = torch.optim.SGD(
+            model.parameters(), lr=lr, momentum=opt.momentum, weight_decay=opt.weight_decay,
+            nesterov=opt.nesterov,
+        )
+    else:
+        adam = torch.optim.AdamW if opt.name == "adamw" else torch.optim.Adam
+        optimizer = adam(
+            model.parameters(), lr=lr, betas=(opt.betas[0], opt.betas[1]), eps=opt.eps,
+            weight_decay=opt.weight_decay,
+        )
+    losses = []
+    for indices in global_batches(spec, steps, len(y)):
+        optimizer.zero_grad()
+        loss = torch_models.loss_fn(model(x[indices]), y[indices])
+        loss.backward()
+        if spec.clip_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), spec.clip_grad_norm)
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    weights = {name: t.detach().numpy().copy() for name, t in model.state_dict().items()}
+    return losses, weights
+
+
+def reference_tensorflow(spec: TrainSpec, arch: str, steps: int) -> tuple[list[float], dict]:
+    import tensorflow as tf
+
+    from toolkit.backends.tf.optimizers import TorchAdam, TorchSGD
+    from toolkit.parity import keras_models
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    data = digits()
+    x, y = inputs_for(arch, data.x_train, "tensorflow"), data.y_train
+    model = keras_models.build(arch, initial_weights(arch, spec.seed))
+    opt, lr = spec.optimizer, spec.effective_lr()
+    optimizer = (
+        TorchSGD(learning_rate=lr, momentum=opt.momentum, weight_decay=opt.weight_decay,
+                 nesterov=opt.nesterov)
+        if opt.name == "sgd"
+        else TorchAdam(learning_rate=lr, beta_1=opt.betas[0], beta_2=opt.betas[1],
+                       epsilon=opt.eps, weight_decay=opt.weight_decay,
+                       decoupled=opt.name == "adamw")
+    )
+    losses = []
+    for indices in global_batches(spec, steps, len(y)):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(keras_models.loss_fn(model(x[indices]), y[indices]))
+        grads = tape.gradient(loss, model.trainable_variables)
+        if spec.clip_grad_norm > 0:
+            norm = tf.linalg.global_norm(grads)
+            grads = [g * tf.minimum(1.0, spec.clip_grad_norm / (norm + 1e-6)) for g in grads]
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        losses.append(float(loss))
+    return losses, keras_models.canonical(arch, [np.asarray(w) for w in model.weights])
+
+
+def engine_run(spec: TrainSpec, arch: str, steps: int) -> tuple[list[float], dict, bool]:
+    import toolkit
+
+    run = toolkit.init(spec)
+    data = digits()
+    framework = spec.framework_name
+    x = inputs_for(arch, data.x_train, framework)
+    start = initial_weights(arch, spec.seed)
+    if framework == "torch":
+        from toolkit.parity import torch_models as models
+    else:
+        from toolkit.parity import keras_models as models  # type: ignore[no-redef]
+    with run.scope():
+        model = models.build(arch, start)
+    run.prepare(model)
+    losses = []
+    for micro_batches in run.loader((x, data.y_train)):
+        if len(losses) == steps:
+            break
+        losses.append(run.train_step(micro_batches, models.loss_fn))
+    state = run.full_state_dict()
+    if framework != "torch":
+        from toolkit.parity import keras_models
+
+        state = keras_models.canonical(arch, list(state.values()))
+    is_main = run.is_main
+    run.shutdown()
+    return losses, state, is_main
+
+
+def main() -> int:
+    args = parse_args(sys.argv[1:])
+    spec = TrainSpec.from_dict(json.loads(Path(args.spec).read_text()))
+    if args.reference == "torch":
+        losses, weights, write = *reference_torch(spec, args.arch, args.steps), True
+    elif args.reference == "tensorflow":
+        losses, weights, write = *reference_tensorflow(spec, args.arch, args.steps), True
+    else:
+        losses, weights, write = engine_run(spec, args.arch, args.steps)
+    if write:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        np.savez(out / "weights.npz", **weights)
+        (out / "losses.json").write_text(json.dumps(losses))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
