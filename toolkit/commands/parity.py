@@ -19,8 +19,13 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "parity", help="prove every engine trains the same model to the same weights"
     )
-    parser.add_argument("--cases", nargs="*", default=[], metavar="PATTERN",
-                        help="only cases whose name contains a pattern")
+    parser.add_argument(
+        "--cases",
+        nargs="*",
+        default=[],
+        metavar="PATTERN",
+        help="only cases whose name contains a pattern",
+    )
     parser.add_argument("--out", default="reports/parity", help="where the JSON and plots go")
     parser.add_argument("--steps", type=int, default=None, help="optimizer steps per case")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
@@ -45,9 +50,11 @@ def run(args: argparse.Namespace) -> int:
         raise ToolkitError(f"--steps={steps}: must be at least 1", "use the default, 12")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="toolkit-parity-") as work, tqdm(
-        total=len(cases), desc="parity", unit="case"
-    ) as bar:
+    with (
+        tempfile.TemporaryDirectory(prefix="toolkit-parity-") as work,
+        tqdm(total=len(cases), desc="parity", unit="case") as bar,
+    ):
+
         def done(outcome: Outcome) -> None:
             bar.set_postfix_str(f"{outcome.case.name}: {outcome.status}")
             bar.update(1)

@@ -3,15 +3,20 @@
 Every engine runs two fp32 cases that between them cover the spec's math: (a) AdamW with
 accumulation 1 and no clipping, (b) SGD with Nesterov momentum and L2 weight decay, accumulation
 2, gradient clipping on and linear learning-rate scaling. Some engines add a CNN case and the
-torch engines that can add bf16. One case compares the two frameworks' references.
+torch engines that can add bf16 (with the SGD recipe). One case compares the two frameworks'
+references.
 
 Tolerances, measured as max |w - w_ref| / max |w_ref| per tensor (the worst tensor) and
 max |loss - loss_ref| / |loss_ref| per step:
 - fp32 1e-5: engines differ from the reference only in reduction order (a sum split over ranks
   and micro-batches, gloo/MPI/gRPC rings, oneDNN vs Eigen kernels), i.e. a few float32 ulps per
   step. A wrong constant (lr 1% off, a missed clip, Adam's step count off by one) is 1e-3 or more.
-- bf16 5e-2: the forward pass rounds activations to 8 mantissa bits (about 4e-3 relative) against
-  an fp32 reference, and that rounding compounds over the steps.
+- bf16 2e-2, against a single-process reference with the same bf16 autocast: activations are
+  rounded to 8 mantissa bits (about 4e-3 relative), so a different split of the batch rounds
+  differently. Measured: 7.9e-3 in weights, 6e-5 in loss (SGD recipe). bf16 runs use SGD, not
+  Adam: Adam divides by sqrt(v), turning rounding noise on near-zero gradients into whole steps
+  (8.6e-2 against a bf16 reference, 0.36 against fp32, while the losses agreed to 3e-4).
+- fp16 is not parity-checked here: on CPU it is emulated, and no engine here uses it by default.
 """
 
 from __future__ import annotations
@@ -20,20 +25,30 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-TOLERANCE = {"fp32": 1e-5, "bf16": 5e-2, "fp16": 2e-2}
+TOLERANCE = {"fp32": 1e-5, "bf16": 2e-2}
 STEPS = 12
 BASE: dict[str, Any] = {"seed": 11, "batch": {"global": 32}}
 
 ADAMW_PLAIN: dict[str, Any] = {
-    "optimizer": {"name": "adamw", "lr": 0.01, "betas": [0.9, 0.99], "eps": 1e-8,
-                  "weight_decay": 0.05},
+    "optimizer": {
+        "name": "adamw",
+        "lr": 0.01,
+        "betas": [0.9, 0.99],
+        "eps": 1e-8,
+        "weight_decay": 0.05,
+    },
     "batch": {"global": 32, "accumulation": 1},
     "clip_grad_norm": 0.0,
     "lr_scaling": "none",
 }
 SGD_ACCUMULATE_CLIP: dict[str, Any] = {
-    "optimizer": {"name": "sgd", "lr": 0.05, "momentum": 0.9, "nesterov": True,
-                  "weight_decay": 0.01},
+    "optimizer": {
+        "name": "sgd",
+        "lr": 0.05,
+        "momentum": 0.9,
+        "nesterov": True,
+        "weight_decay": 0.01,
+    },
     "batch": {"global": 32, "accumulation": 2},
     "clip_grad_norm": 0.5,
     "lr_scaling": "linear",
@@ -53,22 +68,36 @@ class Engine:
 ENGINES: dict[str, Engine] = {
     "ddp/torchrun": Engine("ddp", {"backend": "ddp", "launch": {"launcher": "torchrun"}}),
     "horovod/horovodrun-gloo": Engine(
-        "horovod", {"backend": "horovod", "horovod": {"controller": "gloo"},
-                    "launch": {"launcher": "horovodrun"}}),
+        "horovod",
+        {
+            "backend": "horovod",
+            "horovod": {"controller": "gloo"},
+            "launch": {"launcher": "horovodrun"},
+        },
+    ),
     "horovod/mpirun": Engine(
-        "horovod", {"backend": "horovod", "horovod": {"controller": "mpi"},
-                    "launch": {"launcher": "mpirun"}}),
+        "horovod",
+        {"backend": "horovod", "horovod": {"controller": "mpi"}, "launch": {"launcher": "mpirun"}},
+    ),
     "zero0/deepspeed": Engine("deepspeed", {"backend": "deepspeed", "zero": {"stage": 0}}),
     "zero1/deepspeed": Engine("deepspeed", {"backend": "deepspeed", "zero": {"stage": 1}}),
     "zero2/deepspeed": Engine("deepspeed", {"backend": "deepspeed", "zero": {"stage": 2}}),
     "zero3/deepspeed": Engine("deepspeed", {"backend": "deepspeed", "zero": {"stage": 3}}),
     "pipeline2/deepspeed": Engine("deepspeed", {"backend": "deepspeed", "pipeline": {"stages": 2}}),
     "horovod-tf/horovodrun-gloo": Engine(
-        "horovod", {"backend": "horovod", "framework": "tensorflow",
-                    "horovod": {"controller": "gloo"}, "launch": {"launcher": "horovodrun"}}),
+        "horovod",
+        {
+            "backend": "horovod",
+            "framework": "tensorflow",
+            "horovod": {"controller": "gloo"},
+            "launch": {"launcher": "horovodrun"},
+        },
+    ),
     "tf-mirrored/in-process": Engine(
-        "tf", {"backend": "tf", "tf": {"local_devices": 2}, "launch": {"launcher": "local"}},
-        processes=1),
+        "tf",
+        {"backend": "tf", "tf": {"local_devices": 2}, "launch": {"launcher": "local"}},
+        processes=1,
+    ),
     "tf-multiworker/local": Engine("tf", {"backend": "tf", "launch": {"launcher": "local"}}),
 }
 
@@ -92,7 +121,9 @@ class Case:
 
     @property
     def framework(self) -> str:
-        return str(self.spec.get("framework", "tensorflow" if self.spec["backend"] == "tf" else "torch"))
+        return str(
+            self.spec.get("framework", "tensorflow" if self.spec["backend"] == "tf" else "torch")
+        )
 
 
 def merge(base: dict[str, Any], *overrides: dict[str, Any]) -> dict[str, Any]:
@@ -108,23 +139,49 @@ def merge(base: dict[str, Any], *overrides: dict[str, Any]) -> dict[str, Any]:
 
 def _case(engine_key: str, recipe: str, arch: str = "mlp", precision: str = "fp32") -> Case:
     engine = ENGINES[engine_key]
-    spec = merge(BASE, RECIPES[recipe], engine.spec,
-                 {"precision": precision, "launch": {"np": engine.processes}})
+    spec = merge(
+        BASE,
+        RECIPES[recipe],
+        engine.spec,
+        {"precision": precision, "launch": {"np": engine.processes}},
+    )
     name = f"{engine_key}:{arch}:{recipe}" + ("" if precision == "fp32" else f":{precision}")
-    framework = "tensorflow" if spec["backend"] == "tf" or spec.get("framework") == "tensorflow" else "torch"
+    framework = (
+        "tensorflow"
+        if spec["backend"] == "tf" or spec.get("framework") == "tensorflow"
+        else "torch"
+    )
     return Case(name, engine_key, arch, precision, spec, reference_framework=framework)
 
 
 def all_cases() -> list[Case]:
     cases = [_case(engine, recipe) for engine in ENGINES for recipe in RECIPES]
-    cases += [_case(engine, "adamw", arch="cnn") for engine in
-              ("ddp/torchrun", "horovod/horovodrun-gloo", "zero2/deepspeed", "tf-multiworker/local")]
-    cases += [_case(engine, "adamw", precision="bf16") for engine in
-              ("ddp/torchrun", "horovod/horovodrun-gloo")]
+    cases += [
+        _case(engine, "adamw", arch="cnn")
+        for engine in (
+            "ddp/torchrun",
+            "horovod/horovodrun-gloo",
+            "zero2/deepspeed",
+            "tf-multiworker/local",
+        )
+    ]
+    cases += [
+        _case(engine, "sgd-accum2-clip-lrscale", precision="bf16")
+        for engine in ("ddp/torchrun", "horovod/horovodrun-gloo")
+    ]
     cross = merge(BASE, ADAMW_PLAIN, {"backend": "tf", "launch": {"np": 1, "launcher": "local"}})
     for arch in ("mlp", "cnn"):
-        cases.append(Case(f"cross-framework:{arch}:tf-ref-vs-torch-ref", "keras vs torch", arch,
-                          "fp32", cross, reference_framework="tensorflow", compare_to="torch"))
+        cases.append(
+            Case(
+                f"cross-framework:{arch}:tf-ref-vs-torch-ref",
+                "keras vs torch",
+                arch,
+                "fp32",
+                cross,
+                reference_framework="tensorflow",
+                compare_to="torch",
+            )
+        )
     return cases
 
 

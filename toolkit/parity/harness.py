@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from toolkit.launch.runner import execute, machine_context
-from toolkit.launch.supervisor import run_launcher
+from toolkit.launch.supervisor import free_port, run_launcher
 from toolkit.parity.cases import STEPS, Case, merge
 from toolkit.render.launchers import launch_plan
 from toolkit.spec import TrainSpec
@@ -89,8 +89,17 @@ class Harness:
         self.references: dict[str, Path] = {}
 
     def _worker_args(self, spec_file: Path, arch: str, out: Path) -> list[str]:
-        return [WORKER, "--spec", str(spec_file), "--arch", arch, "--steps", str(self.steps),
-                "--out", str(out)]
+        return [
+            WORKER,
+            "--spec",
+            str(spec_file),
+            "--arch",
+            arch,
+            "--steps",
+            str(self.steps),
+            "--out",
+            str(out),
+        ]
 
     def _write_spec(self, data: dict[str, Any], path: Path) -> TrainSpec:
         spec = TrainSpec.from_dict(data)  # a bad case is a SpecError before anything starts
@@ -101,17 +110,32 @@ class Harness:
     def reference(self, framework: str, arch: str, data: dict[str, Any]) -> RunFiles:
         """The single-process reference for this setting, run once and reused."""
         spec = TrainSpec.from_dict(data)
-        key = json.dumps({
-            "framework": framework, "arch": arch, "steps": self.steps, "seed": spec.seed,
-            "global": spec.batch_for().global_, "optimizer": spec.to_dict()["optimizer"],
-            "lr": spec.effective_lr(), "clip": spec.clip_grad_norm,
-        }, sort_keys=True)
+        key = json.dumps(
+            {
+                "framework": framework,
+                "arch": arch,
+                "steps": self.steps,
+                "seed": spec.seed,
+                "global": spec.batch_for().global_,
+                "optimizer": spec.to_dict()["optimizer"],
+                "lr": spec.effective_lr(),
+                "clip": spec.clip_grad_norm,
+                "precision": spec.precision,
+            },
+            sort_keys=True,
+        )
         if key not in self.references:
-            directory = self.work_dir / "references" / f"ref{len(self.references)}-{framework}-{arch}"
+            directory = (
+                self.work_dir / "references" / f"ref{len(self.references)}-{framework}-{arch}"
+            )
             spec_file = directory / "spec.json"
             self._write_spec(data, spec_file)
-            argv = [sys.executable, *self._worker_args(spec_file, arch, directory),
-                    "--reference", framework]
+            argv = [
+                sys.executable,
+                *self._worker_args(spec_file, arch, directory),
+                "--reference",
+                framework,
+            ]
             result = run_launcher(argv, timeout=CASE_TIMEOUT_S, echo=False)
             if not result.ok:
                 raise RuntimeError(f"reference {framework}/{arch} failed: {result.report()}")
@@ -130,10 +154,12 @@ class Harness:
         except RuntimeError as error:
             return Outcome(case, "error", error=str(error))
         outcome = Outcome(
-            case, "fail",
+            case,
+            "fail",
             weight_deviation=weight_deviation(run.weights, reference.weights),
             loss_deviation=loss_deviation(run.losses, reference.losses),
-            losses=run.losses, reference_losses=reference.losses,
+            losses=run.losses,
+            reference_losses=reference.losses,
         )
         tolerance = case.tolerance
         if outcome.weight_deviation <= tolerance and outcome.loss_deviation <= tolerance:
@@ -142,7 +168,9 @@ class Harness:
 
     def _run_engine(self, case: Case, directory: Path) -> RunFiles:
         spec_file = directory / "spec.json"
-        spec = self._write_spec(case.spec, spec_file)
+        # Fresh ports per case: back-to-back jobs on fixed ports can meet a socket of the last.
+        ports = {"launch": {"master_port": free_port()}, "tf": {"port": free_port()}}
+        spec = self._write_spec(merge(case.spec, ports), spec_file)
         out = directory / "run"
         plan = launch_plan(spec, self._worker_args(spec_file, case.arch, out), machine_context())
         result = execute(plan, spec, timeout=CASE_TIMEOUT_S, echo=False)

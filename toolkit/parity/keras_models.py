@@ -9,9 +9,9 @@ import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import keras  # noqa: E402
+import keras
 
-from toolkit.parity.architectures import ARCHITECTURES, Layer  # noqa: E402
+from toolkit.parity.architectures import ARCHITECTURES, Layer
 
 
 def _layer(layer: Layer) -> keras.layers.Layer:
@@ -25,7 +25,7 @@ def _layer(layer: Layer) -> keras.layers.Layer:
 
 
 def _to_keras(kind: str, weight: np.ndarray) -> np.ndarray:
-    # torch Linear [out, in] -> Dense kernel [in, out]; Conv2d [out, in, kh, kw] -> [kh, kw, in, out]
+    # torch Linear [out, in] -> Dense [in, out]; Conv2d [out, in, kh, kw] -> [kh, kw, in, out]
     return weight.T if kind == "dense" else weight.transpose(2, 3, 1, 0)
 
 

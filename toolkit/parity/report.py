@@ -13,7 +13,8 @@ def table(outcomes: list[Outcome]) -> str:
     lines = [header, "-" * len(header)]
     for outcome in outcomes:
         final = (
-            abs(outcome.losses[-1] - outcome.reference_losses[-1]) / abs(outcome.reference_losses[-1])
+            abs(outcome.losses[-1] - outcome.reference_losses[-1])
+            / abs(outcome.reference_losses[-1])
             if outcome.losses and outcome.reference_losses
             else float("nan")
         )
@@ -55,12 +56,18 @@ def write_plots(outcomes: list[Outcome], directory: Path) -> list[Path]:
         figure, axes = plt.subplots(rows, columns, figsize=(4 * columns, 2.6 * rows), squeeze=False)
         for axis, outcome in zip(axes.flat, curves, strict=False):
             steps = range(1, len(outcome.losses) + 1)
-            axis.plot(steps, outcome.reference_losses, color="black", lw=3, alpha=0.3,
-                      label="single-process reference")
+            axis.plot(
+                steps,
+                outcome.reference_losses,
+                color="black",
+                lw=3,
+                alpha=0.3,
+                label="single-process reference",
+            )
             axis.plot(steps, outcome.losses, "o", ms=3, color="tab:blue", label="engine")
             axis.set_title(outcome.case.name, fontsize=7)
             axis.tick_params(labelsize=7)
-        for axis in list(axes.flat)[len(curves):]:
+        for axis in list(axes.flat)[len(curves) :]:
             axis.axis("off")
         axes.flat[0].legend(fontsize=7)
         figure.supxlabel("optimizer step")
@@ -78,8 +85,15 @@ def write_plots(outcomes: list[Outcome], directory: Path) -> list[Path]:
         values = [max(o.weight_deviation, 1e-12) for o in finite]
         colors = ["tab:green" if o.status == "pass" else "tab:red" for o in finite]
         axis.barh(names, values, color=colors)
-        axis.scatter([o.case.tolerance for o in finite], names, marker="|", s=200, color="black",
-                     label="tolerance", zorder=3)
+        axis.scatter(
+            [o.case.tolerance for o in finite],
+            names,
+            marker="|",
+            s=200,
+            color="black",
+            label="tolerance",
+            zorder=3,
+        )
         axis.set_xscale("log")
         axis.invert_yaxis()
         axis.tick_params(labelsize=7)

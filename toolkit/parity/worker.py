@@ -10,6 +10,7 @@ weights in canonical form (torch names and layouts) to DIR.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -52,19 +53,32 @@ def reference_torch(spec: TrainSpec, arch: str, steps: int) -> tuple[list[float]
     opt, lr = spec.optimizer, spec.effective_lr()
     if opt.name == "sgd":
         optimizer: torch.optim.Optimizer = torch.optim.SGD(
-            model.parameters(), lr=lr, momentum=opt.momentum, weight_decay=opt.weight_decay,
+            model.parameters(),
+            lr=lr,
+            momentum=opt.momentum,
+            weight_decay=opt.weight_decay,
             nesterov=opt.nesterov,
         )
     else:
         adam = torch.optim.AdamW if opt.name == "adamw" else torch.optim.Adam
         optimizer = adam(
-            model.parameters(), lr=lr, betas=(opt.betas[0], opt.betas[1]), eps=opt.eps,
+            model.parameters(),
+            lr=lr,
+            betas=(opt.betas[0], opt.betas[1]),
+            eps=opt.eps,
             weight_decay=opt.weight_decay,
         )
+    # bf16 engines are held to a bf16 reference: the same autocast, in one process.
+    precision = (
+        torch.autocast("cpu", dtype=torch.bfloat16)
+        if spec.precision == "bf16"
+        else contextlib.nullcontext()
+    )
     losses = []
     for indices in global_batches(spec, steps, len(y)):
         optimizer.zero_grad()
-        loss = torch_models.loss_fn(model(x[indices]), y[indices])
+        with precision:
+            loss = torch_models.loss_fn(model(x[indices]), y[indices])
         loss.backward()
         if spec.clip_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), spec.clip_grad_norm)
@@ -86,12 +100,21 @@ def reference_tensorflow(spec: TrainSpec, arch: str, steps: int) -> tuple[list[f
     model = keras_models.build(arch, initial_weights(arch, spec.seed))
     opt, lr = spec.optimizer, spec.effective_lr()
     optimizer = (
-        TorchSGD(learning_rate=lr, momentum=opt.momentum, weight_decay=opt.weight_decay,
-                 nesterov=opt.nesterov)
+        TorchSGD(
+            learning_rate=lr,
+            momentum=opt.momentum,
+            weight_decay=opt.weight_decay,
+            nesterov=opt.nesterov,
+        )
         if opt.name == "sgd"
-        else TorchAdam(learning_rate=lr, beta_1=opt.betas[0], beta_2=opt.betas[1],
-                       epsilon=opt.eps, weight_decay=opt.weight_decay,
-                       decoupled=opt.name == "adamw")
+        else TorchAdam(
+            learning_rate=lr,
+            beta_1=opt.betas[0],
+            beta_2=opt.betas[1],
+            epsilon=opt.eps,
+            weight_decay=opt.weight_decay,
+            decoupled=opt.name == "adamw",
+        )
     )
     losses = []
     for indices in global_batches(spec, steps, len(y)):
@@ -121,7 +144,7 @@ def engine_run(spec: TrainSpec, arch: str, steps: int) -> tuple[list[float], dic
     with run.scope():
         model = models.build(arch, start)
     run.prepare(model)
-    losses = []
+    losses: list[float] = []
     for micro_batches in run.loader((x, data.y_train)):
         if len(losses) == steps:
             break

@@ -10,6 +10,15 @@ Findings:
   optimizer (unlike torch autocast), so floating inputs are cast to the model's dtype here and
   `full_state_dict` reads the fp32 masters (`safe_get_full_fp32_param`), not the bf16 copies.
 - Under ZeRO-3 the module's parameters are empty shards outside `GatheredParameters`.
+- Runs under `deepspeed --num_gpus 2` sometimes aborted as the script exited, with "terminate
+  called without an active exception" (exit -6; 5 of 8 in a loaded parity run). The core dump
+  shows a gloo worker thread (ProcessGroupGloo::runLoop) destroying a finished allreduce whose
+  tensors hold Python objects, taking the GIL while the interpreter finalizes; Python ends that
+  thread with pthread_exit and the forced unwind through a noexcept destructor calls
+  std::terminate. The process groups were still alive at exit because DeepSpeed caches them
+  (deepspeed.utils.groups, the engine, its optimizer) and torch's destroy_process_group does not
+  release those. `shutdown` therefore waits on a barrier, destroys through deepspeed.comm
+  (which releases its caches), drops the engine and collects, so the threads end first.
 - The pipeline engine registers each layer under its global index, so a stage's state-dict keys
   are those of the user's nn.Sequential; the stages' dicts are merged with all_gather_object.
 """
@@ -17,6 +26,7 @@ Findings:
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 from collections.abc import Sequence
 from typing import Any
@@ -131,6 +141,11 @@ class DeepSpeedBackend(Backend):
         dist.barrier()
 
     def shutdown(self) -> None:
+        """Join the gloo threads now, not during interpreter exit (see the module docs)."""
+        if not dist.is_initialized():
+            return
+        dist.barrier()
         with contextlib.redirect_stdout(io.StringIO()):
-            if dist.is_initialized():
-                dist.destroy_process_group()
+            deepspeed.comm.destroy_process_group()  # also drops DeepSpeed's cached groups
+        self.__dict__.pop("engine", None)  # the engine and its optimizer hold groups too
+        gc.collect()
