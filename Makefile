@@ -7,9 +7,10 @@ BIN := $(VENV)/bin
 setup:
 	bash scripts/setup.sh
 
-# The toolkit's main job on built-in data.
+# The toolkit's main job on built-in data: every engine against the single-process reference.
 demo: setup
 	$(BIN)/toolkit doctor
+	$(BIN)/toolkit parity --out reports/parity
 
 lint:
 	$(BIN)/ruff check toolkit tests hvd_examples

@@ -8,10 +8,13 @@ with identical full weights.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from tests.realrun import BIN, PYTHON, TF_EXAMPLE, TORCH_EXAMPLE, assert_trained, mpirun, run, spec
+from toolkit.checkpoint import load_weights
+from toolkit.report import weights_digest
 
 pytestmark = pytest.mark.multiproc
 
@@ -53,6 +56,8 @@ CELLS: dict[str, list[str]] = {
     "zero2-deepspeed": [*DEEPSPEED, *torch_args("zero2")],
     "zero3-deepspeed": [*DEEPSPEED, *torch_args("zero3")],
     "pipeline-deepspeed": [*DEEPSPEED, *torch_args("pipeline")],
+    "zero2_offload-deepspeed": [*DEEPSPEED, *torch_args("zero2_offload")],
+    "zero3_offload-deepspeed": [*DEEPSPEED, *torch_args("zero3_offload")],
     "zero2-torchrun": [*TORCHRUN, *torch_args("zero2")],
     "zero3-mpirun": [*mpirun(), PYTHON, *torch_args("zero3")],
     # TensorFlow: Horovod and tf.distribute
@@ -99,3 +104,32 @@ def test_unsupported_cell_is_refused_before_the_engine_starts(
     assert works_under in result.output
     # One line from the script; torchrun itself still prints a traceback for a failed child.
     assert f'File "{argv[argv.index("--spec") - 1]}"' not in result.output, result.explain()
+
+
+def test_zero3_checkpoint_holds_the_consolidated_weights(tmp_path: Path) -> None:
+    """ZeRO-3 partitions the parameters; run.save must still write the full fp32 weights."""
+    target = tmp_path / "weights.npz"
+    result = run([*DEEPSPEED, *torch_args("zero3"), "--save", str(target)])
+    assert_trained(result, world_size=2, min_accuracy=float(MIN_ACCURACY))
+    weights, meta = load_weights(str(target))
+    assert weights_digest(weights) == result.digests[0]
+    assert meta["backend"] == "deepspeed" and meta["step"] == result.metrics["steps"]
+
+
+@pytest.mark.parametrize(
+    ("base", "precision", "launcher", "example"),
+    [
+        ("zero0", "fp16", DEEPSPEED, TORCH_EXAMPLE),
+        ("tf_multiworker", "bf16", [*mpirun(), PYTHON], TF_EXAMPLE),
+    ],
+    ids=["deepspeed-fp16-on-cpu", "tf-bf16"],
+)
+def test_precision_the_engine_cannot_do_here_is_one_clear_error(
+    tmp_path: Path, base: str, precision: str, launcher: list[str], example: str
+) -> None:
+    spec_file = tmp_path / f"{base}_{precision}.yaml"
+    spec_file.write_text(Path(spec(base)).read_text() + f"precision: {precision}\n")
+    result = run([*launcher, example, "--spec", str(spec_file), *EPOCHS], timeout=180)
+    assert result.returncode != 0
+    assert f"error: precision={precision}" in result.output, result.explain()
+    assert f'File "{example}"' not in result.output, result.explain()

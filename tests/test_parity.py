@@ -38,6 +38,8 @@ def test_cases_cover_every_engine_recipe_and_both_frameworks() -> None:
     ):
         for recipe in ("adamw", "sgd-accum2-clip-lrscale"):
             assert any(n.startswith(engine) and n.endswith(recipe) for n in names), (engine, recipe)
+    for offload in ("zero2-offload/", "zero3-offload/"):
+        assert any(n.startswith(offload) for n in names)
     assert any("bf16" in n for n in names)
     assert any(n.startswith("cross-framework") for n in names)
 
@@ -79,3 +81,11 @@ def test_ddp_matches_the_reference_and_a_one_percent_lr_change_is_caught(tmp_pat
 def test_keras_and_torch_references_agree(tmp_path: Path) -> None:
     (outcome,) = Harness(tmp_path).run([only("cross-framework:mlp:tf-ref-vs-torch-ref")])
     assert outcome.status == "pass", outcome.to_json()
+
+
+@pytest.mark.multiproc
+def test_every_parity_case_passes(tmp_path: Path) -> None:
+    """The whole suite, as `toolkit parity` runs it: every engine within its stated tolerance."""
+    outcomes = Harness(tmp_path).run(all_cases())
+    failures = {o.case.name: o.error[-600:] or o.to_json() for o in outcomes if o.status != "pass"}
+    assert not failures, failures

@@ -63,6 +63,8 @@ class Engine:
     name: str
     spec: dict[str, Any]
     processes: int = 2
+    recipes: tuple[str, ...] = tuple(RECIPES)
+    """Optimizer offload runs DeepSpeedCPUAdam, which has no SGD: AdamW only."""
 
 
 ENGINES: dict[str, Engine] = {
@@ -84,6 +86,19 @@ ENGINES: dict[str, Engine] = {
     "zero2/deepspeed": Engine("deepspeed", {"backend": "deepspeed", "zero": {"stage": 2}}),
     "zero3/deepspeed": Engine("deepspeed", {"backend": "deepspeed", "zero": {"stage": 3}}),
     "pipeline2/deepspeed": Engine("deepspeed", {"backend": "deepspeed", "pipeline": {"stages": 2}}),
+    "zero2-offload/deepspeed": Engine(
+        "deepspeed",
+        {"backend": "deepspeed", "zero": {"stage": 2, "offload_optimizer": "cpu"}},
+        recipes=("adamw",),
+    ),
+    "zero3-offload/deepspeed": Engine(
+        "deepspeed",
+        {
+            "backend": "deepspeed",
+            "zero": {"stage": 3, "offload_optimizer": "cpu", "offload_params": "cpu"},
+        },
+        recipes=("adamw",),
+    ),
     "horovod-tf/horovodrun-gloo": Engine(
         "horovod",
         {
@@ -155,7 +170,7 @@ def _case(engine_key: str, recipe: str, arch: str = "mlp", precision: str = "fp3
 
 
 def all_cases() -> list[Case]:
-    cases = [_case(engine, recipe) for engine in ENGINES for recipe in RECIPES]
+    cases = [_case(key, recipe) for key, engine in ENGINES.items() for recipe in engine.recipes]
     cases += [
         _case(engine, "adamw", arch="cnn")
         for engine in (

@@ -20,7 +20,7 @@ from toolkit.backends import torch_common as common
 from toolkit.backends.base import Backend, LossFn, MicroBatch
 
 
-class DDPBackend(Backend):
+class DDPBackend(common.TorchCollectives, Backend):
     model: DistributedDataParallel
     optimizer: torch.optim.Optimizer
 
@@ -74,19 +74,5 @@ class DDPBackend(Backend):
     def full_state_dict(self) -> dict[str, np.ndarray]:
         return common.numpy_state(self.model.module)
 
-    def allreduce(self, value: Any, op: str = "mean") -> Any:
-        tensor = common.to_tensor(value).clone()
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-        return tensor / self.env.world_size if op == "mean" else tensor
-
-    def broadcast(self, value: Any, root: int = 0) -> Any:
-        tensor = common.to_tensor(value).clone()
-        dist.broadcast(tensor, src=root)
-        return tensor
-
-    def barrier(self) -> None:
-        dist.barrier()
-
     def shutdown(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        common.release_process_groups(self, ("model", "optimizer"))

@@ -10,15 +10,8 @@ Findings:
   optimizer (unlike torch autocast), so floating inputs are cast to the model's dtype here and
   `full_state_dict` reads the fp32 masters (`safe_get_full_fp32_param`), not the bf16 copies.
 - Under ZeRO-3 the module's parameters are empty shards outside `GatheredParameters`.
-- Runs under `deepspeed --num_gpus 2` sometimes aborted as the script exited, with "terminate
-  called without an active exception" (exit -6; 5 of 8 in a loaded parity run). The core dump
-  shows a gloo worker thread (ProcessGroupGloo::runLoop) destroying a finished allreduce whose
-  tensors hold Python objects, taking the GIL while the interpreter finalizes; Python ends that
-  thread with pthread_exit and the forced unwind through a noexcept destructor calls
-  std::terminate. The process groups were still alive at exit because DeepSpeed caches them
-  (deepspeed.utils.groups, the engine, its optimizer) and torch's destroy_process_group does not
-  release those. `shutdown` therefore waits on a barrier, destroys through deepspeed.comm
-  (which releases its caches), drops the engine and collects, so the threads end first.
+- Runs sometimes aborted at exit ("terminate called without an active exception") while
+  DeepSpeed still held its process groups; see `torch_common.release_process_groups`.
 - The pipeline engine registers each layer under its global index, so a stage's state-dict keys
   are those of the user's nn.Sequential; the stages' dicts are merged with all_gather_object.
 """
@@ -26,7 +19,6 @@ Findings:
 from __future__ import annotations
 
 import contextlib
-import gc
 import io
 from collections.abc import Sequence
 from typing import Any
@@ -35,6 +27,7 @@ import deepspeed
 import numpy as np
 import torch
 import torch.distributed as dist
+from deepspeed.accelerator import get_accelerator
 from deepspeed.pipe import PipelineModule
 from deepspeed.utils import safe_get_full_fp32_param
 
@@ -44,7 +37,7 @@ from toolkit.errors import ToolkitError
 from toolkit.render.deepspeed import deepspeed_config
 
 
-class DeepSpeedBackend(Backend):
+class DeepSpeedBackend(common.TorchCollectives, Backend):
     engine: Any
 
     @property
@@ -52,6 +45,13 @@ class DeepSpeedBackend(Backend):
         return self.spec.pipeline.stages > 1
 
     def setup(self) -> None:
+        accelerator = get_accelerator()
+        if self.spec.precision == "fp16" and not accelerator.is_fp16_supported():
+            raise ToolkitError(
+                f"precision=fp16: DeepSpeed's {accelerator.device_name()!r} accelerator has no "
+                "fp16 support on this machine",
+                "use precision bf16 or fp32 here; fp16 needs a GPU",
+            )
         common.configure_threads(self.spec)
         common.export_torch_env(self.env, common.rendezvous(self.spec, self.env))
         deepspeed.init_distributed(
@@ -127,25 +127,10 @@ class DeepSpeedBackend(Backend):
             state = {name: value for stage in stages for name, value in stage.items()}
         return state
 
-    def allreduce(self, value: Any, op: str = "mean") -> Any:
-        tensor = common.to_tensor(value).clone()
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-        return tensor / self.env.world_size if op == "mean" else tensor
-
-    def broadcast(self, value: Any, root: int = 0) -> Any:
-        tensor = common.to_tensor(value).clone()
-        dist.broadcast(tensor, src=root)
-        return tensor
-
-    def barrier(self) -> None:
-        dist.barrier()
-
     def shutdown(self) -> None:
-        """Join the gloo threads now, not during interpreter exit (see the module docs)."""
-        if not dist.is_initialized():
-            return
-        dist.barrier()
-        with contextlib.redirect_stdout(io.StringIO()):
-            deepspeed.comm.destroy_process_group()  # also drops DeepSpeed's cached groups
-        self.__dict__.pop("engine", None)  # the engine and its optimizer hold groups too
-        gc.collect()
+        # deepspeed.comm's destroy also drops DeepSpeed's cached groups; it logs on stdout.
+        def destroy() -> None:
+            with contextlib.redirect_stdout(io.StringIO()):
+                deepspeed.comm.destroy_process_group()
+
+        common.release_process_groups(self, ("engine",), destroy)
