@@ -131,5 +131,5 @@ def test_precision_the_engine_cannot_do_here_is_one_clear_error(
     spec_file.write_text(Path(spec(base)).read_text() + f"precision: {precision}\n")
     result = run([*launcher, example, "--spec", str(spec_file), *EPOCHS], timeout=180)
     assert result.returncode != 0
-    assert f"error: precision={precision}" in result.output, result.explain()
+    assert f"error: precision={precision!r}" in result.output, result.explain()
     assert f'File "{example}"' not in result.output, result.explain()

@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 TOLERANCE = {"fp32": 1e-5, "bf16": 2e-2}
-STEPS = 12
+STEPS = 20
 BASE: dict[str, Any] = {"seed": 11, "batch": {"global": 32}}
 
 ADAMW_PLAIN: dict[str, Any] = {
     "optimizer": {
         "name": "adamw",
-        "lr": 0.01,
+        "lr": 0.004,
         "betas": [0.9, 0.99],
         "eps": 1e-8,
         "weight_decay": 0.05,
@@ -44,7 +44,7 @@ ADAMW_PLAIN: dict[str, Any] = {
 SGD_ACCUMULATE_CLIP: dict[str, Any] = {
     "optimizer": {
         "name": "sgd",
-        "lr": 0.05,
+        "lr": 0.02,
         "momentum": 0.9,
         "nesterov": True,
         "weight_decay": 0.01,

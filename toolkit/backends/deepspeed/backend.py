@@ -48,7 +48,7 @@ class DeepSpeedBackend(common.TorchCollectives, Backend):
         accelerator = get_accelerator()
         if self.spec.precision == "fp16" and not accelerator.is_fp16_supported():
             raise ToolkitError(
-                f"precision=fp16: DeepSpeed's {accelerator.device_name()!r} accelerator has no "
+                f"precision='fp16': DeepSpeed's {accelerator.device_name()!r} accelerator has no "
                 "fp16 support on this machine",
                 "use precision bf16 or fp32 here; fp16 needs a GPU",
             )

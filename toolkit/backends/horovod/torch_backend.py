@@ -51,7 +51,7 @@ class HorovodTorchBackend(Backend):
             )
         if self.spec.precision == "fp16":
             raise ToolkitError(
-                "precision=fp16 with backend horovod is not supported: Horovod has no loss "
+                "precision='fp16' with backend horovod is not supported: Horovod has no loss "
                 "scaler of its own",
                 "use precision bf16 or fp32 with horovod, or backend ddp/deepspeed for fp16",
             )
