@@ -36,7 +36,7 @@ def test_cases_cover_every_engine_recipe_and_both_frameworks() -> None:
         "tf-mirrored/",
         "tf-multiworker/",
     ):
-        for recipe in ("adamw", "sgd-accum2-clip-lrscale"):
+        for recipe in ("adamw", "sgd-accum2-clip-lrscale", "adam-l2-accum4"):
             assert any(n.startswith(engine) and n.endswith(recipe) for n in names), (engine, recipe)
     for offload in ("zero2-offload/", "zero3-offload/"):
         assert any(n.startswith(offload) for n in names)

@@ -1,8 +1,9 @@
 """The parity cases: engine × launcher × optimizer × accumulation × clipping × precision.
 
-Every engine runs two fp32 cases that between them cover the spec's math: (a) AdamW with
+Every engine runs three fp32 cases that between them cover the spec's math: (a) AdamW with
 accumulation 1 and no clipping, (b) SGD with Nesterov momentum and L2 weight decay, accumulation
-2, gradient clipping on and linear learning-rate scaling. Some engines add a CNN case and the
+2, gradient clipping on and linear learning-rate scaling, (c) Adam with L2 weight decay (in the
+gradient, not decoupled) and accumulation 4. Some engines add a CNN case and the
 torch engines that can add bf16 (with the SGD recipe). One case compares the two frameworks'
 references.
 
@@ -53,7 +54,23 @@ SGD_ACCUMULATE_CLIP: dict[str, Any] = {
     "clip_grad_norm": 0.5,
     "lr_scaling": "linear",
 }
-RECIPES = {"adamw": ADAMW_PLAIN, "sgd-accum2-clip-lrscale": SGD_ACCUMULATE_CLIP}
+ADAM_L2_ACCUMULATE: dict[str, Any] = {
+    "optimizer": {
+        "name": "adam",
+        "lr": 0.004,
+        "betas": [0.9, 0.999],
+        "eps": 1e-7,
+        "weight_decay": 0.02,
+    },
+    "batch": {"global": 32, "accumulation": 4},
+    "clip_grad_norm": 0.0,
+    "lr_scaling": "none",
+}
+RECIPES = {
+    "adamw": ADAMW_PLAIN,
+    "sgd-accum2-clip-lrscale": SGD_ACCUMULATE_CLIP,
+    "adam-l2-accum4": ADAM_L2_ACCUMULATE,
+}
 
 
 @dataclass(frozen=True)
@@ -64,7 +81,7 @@ class Engine:
     spec: dict[str, Any]
     processes: int = 2
     recipes: tuple[str, ...] = tuple(RECIPES)
-    """Optimizer offload runs DeepSpeedCPUAdam, which has no SGD: AdamW only."""
+    """Optimizer offload runs DeepSpeedCPUAdam, which has no SGD: the Adam recipes only."""
 
 
 ENGINES: dict[str, Engine] = {
@@ -89,7 +106,7 @@ ENGINES: dict[str, Engine] = {
     "zero2-offload/deepspeed": Engine(
         "deepspeed",
         {"backend": "deepspeed", "zero": {"stage": 2, "offload_optimizer": "cpu"}},
-        recipes=("adamw",),
+        recipes=("adamw", "adam-l2-accum4"),
     ),
     "zero3-offload/deepspeed": Engine(
         "deepspeed",
@@ -97,7 +114,7 @@ ENGINES: dict[str, Engine] = {
             "backend": "deepspeed",
             "zero": {"stage": 3, "offload_optimizer": "cpu", "offload_params": "cpu"},
         },
-        recipes=("adamw",),
+        recipes=("adamw", "adam-l2-accum4"),
     ),
     "horovod-tf/horovodrun-gloo": Engine(
         "horovod",

@@ -104,7 +104,8 @@ class HorovodTFBackend(Backend):
         return hvd.broadcast(tf.constant(value), root_rank=root)
 
     def barrier(self) -> None:
-        hvd.barrier()
+        # horovod.tensorflow has no barrier (horovod.torch has); a blocking allreduce is one.
+        hvd.allreduce(tf.constant(0.0), op=hvd.Sum).numpy()
 
     def shutdown(self) -> None:
         hvd.shutdown()
