@@ -247,6 +247,11 @@ def _supervise(processes: list[_Process], timeout: float | None, grace: float) -
         for process in processes:
             for reader in process.readers:
                 reader.join(timeout=grace)
+    if terminated.is_set():
+        # The ranks are stopped; now the SIGTERM reaches its real target, this process, with
+        # the disposition it had before. Returning a result instead would let a caller that
+        # runs many launches (the parity harness) carry on with the next one.
+        signal.raise_signal(signal.SIGTERM)
     if culprit is None:
         return result
     # Read the tail only now that the readers are done: the last lines may have been in flight.
@@ -295,8 +300,9 @@ def _watch(
 def _sigterm_recorded() -> Iterator[threading.Event]:
     """While supervising from the main thread, SIGTERM (a scheduler or `kill` stopping the
     launch) is recorded instead of ending Python at once: the ranks are in sessions of their
-    own, so they would outlive the supervisor. Other threads cannot install handlers; there
-    the default stays."""
+    own, so they would outlive the supervisor. Once they are stopped the signal is raised again
+    with the previous handler in place. Other threads cannot install handlers; there the
+    default stays."""
     terminated = threading.Event()
     if threading.current_thread() is not threading.main_thread():
         yield terminated
