@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import venv
 from pathlib import Path
 
@@ -112,3 +113,18 @@ def test_broken_horovod_is_reported_with_the_rebuild_fix(
     import_problems = [p for p in horovod["problems"] if expected in p["message"]]
     assert import_problems, horovod["problems"]
     assert all("rm -rf ~/.cache/toolkit/wheels/horovod-*" in p["fix"] for p in import_problems)
+
+
+def test_stale_jit_build_locks_are_found_and_fresh_ones_are_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from toolkit.backends.deepspeed.probe import STALE_LOCK_SECONDS, stale_build_locks
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    stale, building = tmp_path / "cpu_adam" / "lock", tmp_path / "shm_comm" / "lock"
+    for lock in (stale, building):
+        lock.parent.mkdir()
+        lock.touch()
+    long_ago = time.time() - STALE_LOCK_SECONDS - 60
+    os.utime(stale, (long_ago, long_ago))
+    assert stale_build_locks() == [stale]

@@ -24,7 +24,8 @@ from toolkit.render.launchers import launch_plan
 from toolkit.spec import TrainSpec
 
 WORKER = str(Path(__file__).with_name("worker.py"))
-CASE_TIMEOUT_S = 600
+# A case takes 5-15 s; a hung one must not eat the rest of a CI run.
+CASE_TIMEOUT_S = 240
 
 
 @dataclass

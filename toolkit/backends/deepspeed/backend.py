@@ -10,6 +10,13 @@ Findings:
   optimizer (unlike torch autocast), so floating inputs are cast to the model's dtype here and
   `full_state_dict` reads the fp32 masters (`safe_get_full_fp32_param`), not the bf16 copies.
 - Under ZeRO-3 the module's parameters are empty shards outside `GatheredParameters`.
+- On the CPU accelerator `init_distributed` JIT-builds and loads a shared-memory allreduce op
+  (deepspeed_shm_comm) that serves only `inference_all_reduce`, never training. Its build takes
+  a lock file in torch's extension cache (~/.cache/torch_extensions/.../lock) that a killed job
+  leaves behind, after which every DeepSpeed start waits on it forever (seen here: a parity run
+  hung in torch's FileBaton.wait after an earlier job was SIGKILLed mid-build). The backend marks
+  the op incompatible in `deepspeed.ops.__compatible_ops__`, so DeepSpeed skips it; `toolkit
+  doctor` reports stale locks of the ops training does build (cpu_adam for offload).
 - Runs sometimes aborted at exit ("terminate called without an active exception") while
   DeepSpeed still held its process groups; see `torch_common.release_process_groups`.
 - The pipeline engine registers each layer under its global index, so a stage's state-dict keys
@@ -36,6 +43,9 @@ from toolkit.backends.base import Backend, LossFn, MicroBatch
 from toolkit.errors import ToolkitError
 from toolkit.render.deepspeed import deepspeed_config
 
+# The builder name deepspeed.comm.torch.build_shm_op looks up in ops.__compatible_ops__.
+SHM_COMM_OP = "deepspeed_shm_comm"
+
 
 class DeepSpeedBackend(common.TorchCollectives, Backend):
     engine: Any
@@ -54,6 +64,8 @@ class DeepSpeedBackend(common.TorchCollectives, Backend):
             )
         common.configure_threads(self.spec)
         common.export_torch_env(self.env, common.rendezvous(self.spec, self.env))
+        # Not needed for training, and its JIT build can hang every later start (module docs).
+        deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False
         deepspeed.init_distributed(
             dist_backend="gloo",
             auto_mpi_discovery=False,

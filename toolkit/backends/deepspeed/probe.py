@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
+import time
+from pathlib import Path
 
 from toolkit.doctor.probe_protocol import ProbeReport, Problem, not_installed, run_probe
+
+# A JIT build of a DeepSpeed op takes about a minute here; a lock older than this is stale.
+STALE_LOCK_SECONDS = 600
 
 
 def probe() -> ProbeReport:
@@ -30,11 +36,37 @@ def probe() -> ProbeReport:
             "pipeline_engine": _has_pipeline_engine(),
         },
     )
+    report.problems += [
+        Problem(
+            f"stale JIT build lock {lock}: a killed build left it, and every DeepSpeed start "
+            "that builds this op waits on it forever",
+            f"rm {lock}   (when no DeepSpeed job is running)",
+        )
+        for lock in stale_build_locks()
+    ]
     if not report.details["pipeline_engine"]:
         report.problems.append(
             Problem("deepspeed.pipe.PipelineModule is not importable", "make setup")
         )
     return report
+
+
+def stale_build_locks(now: float | None = None) -> list[Path]:
+    """Lock files in torch's extension cache older than any real build takes.
+
+    torch's JIT builds (DeepSpeed's cpu_adam for offload, for one) hold `<op>/lock` while they
+    compile and wait for it without a timeout; a build killed mid-way never removes it.
+    """
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or _default_extensions_root())
+    cutoff = (time.time() if now is None else now) - STALE_LOCK_SECONDS
+    locks = [*root.glob("*/lock"), *root.glob("*/*/lock")]
+    return sorted(lock for lock in locks if lock.stat().st_mtime < cutoff)
+
+
+def _default_extensions_root() -> str:
+    from torch.utils.cpp_extension import get_default_build_root
+
+    return str(get_default_build_root())
 
 
 def _torch_version() -> str:
