@@ -14,7 +14,7 @@ max |loss - loss_ref| / |loss_ref| per step:
   step. A wrong constant (lr 1% off, a missed clip, Adam's step count off by one) is 1e-3 or more.
 - bf16 2e-2, against a single-process reference with the same bf16 autocast: activations are
   rounded to 8 mantissa bits (about 4e-3 relative), so a different split of the batch rounds
-  differently. Measured: 7.9e-3 in weights, 6e-5 in loss (SGD recipe). bf16 runs use SGD, not
+  differently. Measured: 4.0e-3 in weights (SGD recipe, 20 steps). bf16 runs use SGD, not
   Adam: Adam divides by sqrt(v), turning rounding noise on near-zero gradients into whole steps
   (8.6e-2 against a bf16 reference, 0.36 against fp32, while the losses agreed to 3e-4).
 - fp16 is not parity-checked here: on CPU it is emulated, and no engine here uses it by default.

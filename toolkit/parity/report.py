@@ -80,7 +80,7 @@ def write_plots(outcomes: list[Outcome], directory: Path) -> list[Path]:
 
     finite = [o for o in outcomes if o.weight_deviation == o.weight_deviation]
     if finite:
-        figure, axis = plt.subplots(figsize=(9, 0.28 * len(finite) + 1.2))
+        figure, axis = plt.subplots(figsize=(11, 0.28 * len(finite) + 1.2))
         names = [o.case.name for o in finite]
         values = [max(o.weight_deviation, 1e-12) for o in finite]
         colors = ["tab:green" if o.status == "pass" else "tab:red" for o in finite]
