@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
+from toolkit.errors import ToolkitError
 from toolkit.launch.environment import LaunchEnvironment
 from toolkit.render import horovod as render_horovod
 from toolkit.spec import TrainSpec
@@ -37,3 +38,13 @@ def export_environment(spec: TrainSpec, env: LaunchEnvironment) -> None:
         settings.pop("HOROVOD_CONTROLLER")
         settings.pop("HOROVOD_CPU_OPERATIONS")
     os.environ.update(settings)
+
+
+def check_world_size(horovod_size: int, env: LaunchEnvironment) -> None:
+    """Horovod's own count of ranks must be the one the launcher announced."""
+    if horovod_size != env.world_size:
+        raise ToolkitError(
+            f"Horovod sees {horovod_size} ranks but the launcher ({env.launcher}) "
+            f"announced {env.world_size}",
+            "start every rank through the same horovodrun or mpirun",
+        )

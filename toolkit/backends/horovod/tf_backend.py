@@ -20,9 +20,8 @@ import horovod.tensorflow as hvd
 import numpy as np
 
 from toolkit.backends.base import Backend, LossFn, MicroBatch
-from toolkit.backends.horovod.settings import export_environment
+from toolkit.backends.horovod.settings import check_world_size, export_environment
 from toolkit.backends.tf import common
-from toolkit.errors import ToolkitError
 from toolkit.render import horovod as render_horovod
 
 tf = common.tf
@@ -40,12 +39,7 @@ class HorovodTFBackend(Backend):
         common.configure_threads(self.spec)
         export_environment(self.spec, self.env)
         hvd.init()
-        if hvd.size() != self.env.world_size:
-            raise ToolkitError(
-                f"Horovod sees {hvd.size()} ranks but the launcher ({self.env.launcher}) "
-                f"announced {self.env.world_size}",
-                "start every rank through the same horovodrun or mpirun",
-            )
+        check_world_size(hvd.size(), self.env)
         common.seed_everything(self.spec.seed)
         self._steps: dict[int, Callable[..., Any]] = {}
 

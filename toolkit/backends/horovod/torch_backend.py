@@ -27,7 +27,7 @@ import torch
 
 from toolkit.backends import torch_common as common
 from toolkit.backends.base import Backend, LossFn, MicroBatch
-from toolkit.backends.horovod.settings import export_environment
+from toolkit.backends.horovod.settings import check_world_size, export_environment
 from toolkit.errors import ToolkitError
 from toolkit.render import horovod as render_horovod
 
@@ -43,12 +43,7 @@ class HorovodTorchBackend(Backend):
         common.configure_threads(self.spec)
         export_environment(self.spec, self.env)
         hvd.init()
-        if hvd.size() != self.env.world_size:
-            raise ToolkitError(
-                f"Horovod sees {hvd.size()} ranks but the launcher ({self.env.launcher}) "
-                f"announced {self.env.world_size}",
-                "start every rank through the same horovodrun or mpirun",
-            )
+        check_world_size(hvd.size(), self.env)
         if self.spec.precision == "fp16":
             raise ToolkitError(
                 "precision='fp16' with backend horovod is not supported: Horovod has no loss "
