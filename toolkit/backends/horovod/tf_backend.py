@@ -41,7 +41,7 @@ class HorovodTFBackend(Backend):
         hvd.init()
         check_world_size(hvd.size(), self.env)
         common.seed_everything(self.spec.seed)
-        self._steps: dict[int, Callable[..., Any]] = {}
+        self._steps: dict[LossFn, Callable[..., Any]] = {}
 
     def prepare(self, model: Any, optimizer: Any | None = None) -> Any:
         self.model = common.require_keras_model(model)
@@ -61,32 +61,21 @@ class HorovodTFBackend(Backend):
         def step(inputs: Any, targets: Any) -> Any:
             keras_variables = model.trainable_variables
             sources = [v.value for v in keras_variables]
-            grads = [tf.zeros_like(s) for s in sources]
-            losses = []
-            for micro in range(inputs.shape[0]):
-                with tf.GradientTape() as tape:
-                    loss = common.mean_loss(
-                        loss_fn(model(inputs[micro], training=True), targets[micro])
-                    )
-                grads = [a + g for a, g in zip(grads, tape.gradient(loss, sources), strict=True)]
-                losses.append(loss)
-            count = float(inputs.shape[0])
-            grads = hvd.grouped_allreduce(
-                [g / count for g in grads], op=op, compression=compression
-            )
+            grads, loss = common.accumulated_gradients(model, loss_fn, inputs, targets, sources)
+            grads = hvd.grouped_allreduce(grads, op=op, compression=compression)
             if clip > 0:
                 grads = common.clip_like_torch(grads, clip)
             optimizer.apply_gradients(zip(grads, keras_variables, strict=True))
-            return hvd.allreduce(tf.add_n(losses) / count, op=hvd.Average)
+            return hvd.allreduce(loss, op=hvd.Average)
 
         return step
 
     def train_step(self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn) -> float:
-        if id(loss_fn) not in self._steps:
-            self._steps[id(loss_fn)] = self._build_step(loss_fn)
-        inputs = tf.constant(np.stack([np.asarray(x) for x, _ in micro_batches]))
-        targets = tf.constant(np.stack([np.asarray(y) for _, y in micro_batches]))
-        return float(self._steps[id(loss_fn)](inputs, targets))
+        # Keyed by the function itself: an id() could be reused by a later, different lambda.
+        if loss_fn not in self._steps:
+            self._steps[loss_fn] = self._build_step(loss_fn)
+        inputs, targets = common.stack_micro_batches(micro_batches)
+        return float(self._steps[loss_fn](tf.constant(inputs), tf.constant(targets)))
 
     def full_state_dict(self) -> dict[str, np.ndarray]:
         return common.numpy_state(self.model)

@@ -65,7 +65,7 @@ class TFBackend(Backend):
         else:
             self.strategy = tf.distribute.get_strategy()
         common.seed_everything(self.spec.seed)
-        self._steps: dict[int, Callable[..., Any]] = {}
+        self._steps: dict[LossFn, Callable[..., Any]] = {}
 
     def _split_cpu(self, count: int) -> None:
         (cpu,) = tf.config.list_physical_devices("CPU")
@@ -113,9 +113,10 @@ class TFBackend(Backend):
         return self.model
 
     def _compiled_step(self, loss_fn: LossFn) -> Callable[..., Any]:
-        if id(loss_fn) not in self._steps:
-            self._steps[id(loss_fn)] = self._build_step(loss_fn)
-        return self._steps[id(loss_fn)]
+        # Keyed by the function itself: an id() could be reused by a later, different lambda.
+        if loss_fn not in self._steps:
+            self._steps[loss_fn] = self._build_step(loss_fn)
+        return self._steps[loss_fn]
 
     def _build_step(self, loss_fn: LossFn) -> Callable[..., Any]:
         strategy, model, optimizer = self.strategy, self.model, self.optimizer
@@ -124,17 +125,7 @@ class TFBackend(Backend):
         def replica_step(inputs: Any, targets: Any) -> Any:
             variables = model.trainable_variables
             replicas = tf.distribute.get_replica_context().num_replicas_in_sync
-            grads = [tf.zeros_like(v) for v in variables]
-            losses = []
-            for micro in range(inputs.shape[0]):  # the step's micro-batches, unrolled
-                with tf.GradientTape() as tape:
-                    loss = common.mean_loss(
-                        loss_fn(model(inputs[micro], training=True), targets[micro])
-                    )
-                grads = [a + g for a, g in zip(grads, tape.gradient(loss, variables), strict=True)]
-                losses.append(loss)
-            count = float(inputs.shape[0])
-            grads = [g / count for g in grads]
+            grads, loss = common.accumulated_gradients(model, loss_fn, inputs, targets, variables)
             if clip > 0:
                 context = tf.distribute.get_replica_context()
                 grads = [
@@ -142,7 +133,7 @@ class TFBackend(Backend):
                 ]
                 grads = common.clip_like_torch(grads, clip)
             optimizer.apply_gradients(zip([g / replicas for g in grads], variables, strict=True))
-            return tf.add_n(losses) / count
+            return loss
 
         @tf.function
         def step(inputs: Any, targets: Any) -> Any:
@@ -165,8 +156,7 @@ class TFBackend(Backend):
         return self.strategy.experimental_distribute_values_from_function(piece)
 
     def train_step(self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn) -> float:
-        inputs = np.stack([np.asarray(x) for x, _ in micro_batches])
-        targets = np.stack([np.asarray(y) for _, y in micro_batches])
+        inputs, targets = common.stack_micro_batches(micro_batches)
         loss = self._compiled_step(loss_fn)(self._distribute(inputs), self._distribute(targets))
         return float(loss)
 

@@ -12,6 +12,7 @@ Findings about Keras 3 (the `tf.keras` of TF 2.21) that shape the backends:
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras
 import tensorflow as tf
 
+from toolkit.backends.base import LossFn, MicroBatch
 from toolkit.backends.tf.optimizers import TorchAdam, TorchSGD
 from toolkit.errors import ToolkitError
 from toolkit.spec import TrainSpec
@@ -69,6 +71,30 @@ def clip_like_torch(grads: list[Any], max_norm: float) -> list[Any]:
 def mean_loss(loss: Any) -> Any:
     """The micro-batch's mean loss whether loss_fn returned per-sample values or a scalar."""
     return tf.reduce_mean(loss)
+
+
+def stack_micro_batches(micro_batches: Sequence[MicroBatch]) -> tuple[np.ndarray, np.ndarray]:
+    """A step's micro-batches as [micro-batches, samples, ...] inputs and targets."""
+    inputs = np.stack([np.asarray(x) for x, _ in micro_batches])
+    targets = np.stack([np.asarray(y) for _, y in micro_batches])
+    return inputs, targets
+
+
+def accumulated_gradients(
+    model: keras.Model, loss_fn: LossFn, inputs: Any, targets: Any, sources: list[Any]
+) -> tuple[list[Any], Any]:
+    """Inside a compiled step: the mean gradient w.r.t. `sources` and the mean loss over the
+    step's micro-batches (the leading axis of inputs and targets), one backward each, unrolled.
+    """
+    grads = [tf.zeros_like(source) for source in sources]
+    losses = []
+    for micro in range(inputs.shape[0]):
+        with tf.GradientTape() as tape:
+            loss = mean_loss(loss_fn(model(inputs[micro], training=True), targets[micro]))
+        grads = [a + g for a, g in zip(grads, tape.gradient(loss, sources), strict=True)]
+        losses.append(loss)
+    count = float(inputs.shape[0])
+    return [g / count for g in grads], tf.add_n(losses) / count
 
 
 def require_keras_model(model: Any) -> keras.Model:
