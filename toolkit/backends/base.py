@@ -21,7 +21,6 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,14 +31,6 @@ from toolkit.spec import TrainSpec
 MicroBatch = tuple[Any, Any]
 LossFn = Callable[[Any, Any], Any]
 ReduceOp = str  # "mean" | "sum"
-
-
-@dataclass(frozen=True, kw_only=True)
-class Rendezvous:
-    """Where rank 0 listens for the engine's own process-group setup."""
-
-    master_addr: str
-    master_port: int
 
 
 class Backend(ABC):

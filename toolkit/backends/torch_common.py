@@ -9,6 +9,7 @@ import gc
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -16,7 +17,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from toolkit.backends.base import MicroBatch, Rendezvous
+from toolkit.backends.base import MicroBatch
 from toolkit.backends.registry import MPI_ENVIRONMENTS
 from toolkit.errors import ToolkitError
 from toolkit.launch.environment import LaunchEnvironment
@@ -28,15 +29,17 @@ from toolkit.spec import TrainSpec
 COLLECTIVE_TIMEOUT = timedelta(seconds=300)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Rendezvous:
+    """Where rank 0 of torch.distributed listens."""
+
+    master_addr: str
+    master_port: int
+
+
 def configure_threads(spec: TrainSpec) -> None:
     """Ranks sharing few cores must not each start a full thread pool (see shared/STACK.md)."""
     torch.set_num_threads(spec.launch.threads_per_rank)
-
-
-def seed_everything(seed: int) -> None:
-    """Same seed on every rank: identical initial weights before any broadcast."""
-    torch.manual_seed(seed)
-    np.random.seed(seed % 2**32)
 
 
 def build_optimizer(params: Any, spec: TrainSpec, lr: float) -> torch.optim.Optimizer:
@@ -137,10 +140,15 @@ def as_tensors(micro_batches: Sequence[MicroBatch]) -> Iterator[tuple[torch.Tens
         yield to_tensor(inputs), to_tensor(targets)
 
 
+def to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    """A float32 numpy copy, detached from autograd and from the tensor's storage."""
+    return tensor.detach().float().cpu().numpy().copy()
+
+
 def numpy_state(module: torch.nn.Module) -> dict[str, np.ndarray]:
     """Parameters and buffers as float32 numpy copies (the portable weights format)."""
     return {
-        name: tensor.detach().float().cpu().numpy().copy()
+        name: to_numpy(tensor)
         for name, tensor in module.state_dict().items()
         if tensor.is_floating_point()
     }

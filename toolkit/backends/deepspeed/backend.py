@@ -49,6 +49,7 @@ SHM_COMM_OP = "deepspeed_shm_comm"
 
 class DeepSpeedBackend(common.TorchCollectives, Backend):
     engine: Any
+    input_dtype: torch.dtype
 
     @property
     def uses_pipeline(self) -> bool:
@@ -87,6 +88,8 @@ class DeepSpeedBackend(common.TorchCollectives, Backend):
             optimizer=optimizer,
             config=config,
         )
+        # bf16 makes DeepSpeed cast the whole model; floating inputs must follow (module docs).
+        self.input_dtype = next(self.engine.module.parameters()).dtype
         return self.engine
 
     def _pipeline_module(self, module: torch.nn.Module) -> PipelineModule:
@@ -105,8 +108,7 @@ class DeepSpeedBackend(common.TorchCollectives, Backend):
         )
 
     def _inputs(self, inputs: torch.Tensor) -> torch.Tensor:
-        dtype = next(self.engine.module.parameters()).dtype
-        return inputs.to(dtype) if inputs.is_floating_point() else inputs
+        return inputs.to(self.input_dtype) if inputs.is_floating_point() else inputs
 
     def train_step(self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn) -> float:
         batches = [(self._inputs(x), y) for x, y in common.as_tensors(micro_batches)]
@@ -129,10 +131,10 @@ class DeepSpeedBackend(common.TorchCollectives, Backend):
             # Collective under ZeRO-3: every rank walks the parameters in the same order.
             master = safe_get_full_fp32_param(parameter)
             full = parameter if master is None else master
-            state[name] = full.detach().float().cpu().numpy().copy()
+            state[name] = common.to_numpy(full)
         for name, buffer in module.named_buffers():
             if buffer.is_floating_point():
-                state[name] = buffer.detach().float().cpu().numpy().copy()
+                state[name] = common.to_numpy(buffer)
         if self.uses_pipeline:
             stages: list[dict[str, np.ndarray]] = [{} for _ in range(self.env.world_size)]
             dist.all_gather_object(stages, state)

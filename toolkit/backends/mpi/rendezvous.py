@@ -12,13 +12,18 @@ import socket
 from toolkit.launch.supervisor import free_port
 
 
+def own_address(*, single_host: bool) -> str:
+    """Loopback when every rank is on this machine, else this host's address."""
+    return "127.0.0.1" if single_host else socket.gethostbyname(socket.gethostname())
+
+
 def rank0_address(*, single_host: bool) -> tuple[str, int]:
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
     chosen: tuple[str, int] | None = None
     if comm.Get_rank() == 0:
-        address = "127.0.0.1" if single_host else socket.gethostbyname(socket.gethostname())
+        address = own_address(single_host=single_host)
         chosen = (address, free_port(address))
     address, port = comm.bcast(chosen, root=0)
     return str(address), int(port)
@@ -29,6 +34,6 @@ def gather_addresses(*, single_host: bool, port: int) -> list[str]:
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
-    address = "127.0.0.1" if single_host else socket.gethostbyname(socket.gethostname())
+    address = own_address(single_host=single_host)
     own = f"{address}:{free_port(address) if single_host else port}"
     return [str(item) for item in comm.allgather(own)]
