@@ -23,7 +23,7 @@ from toolkit.render import horovod, tf
 from toolkit.render.deepspeed import deepspeed_config
 from toolkit.render.hostfile import hostfile
 from toolkit.render.mpijob import mpijob_manifest
-from toolkit.render.presets import stale_presets, write_presets
+from toolkit.render.presets import check_or_write
 from toolkit.render.slurm import sbatch_script
 from toolkit.spec import load_spec
 
@@ -61,14 +61,7 @@ def _mpijob(args: argparse.Namespace) -> str:
 
 
 def _presets(args: argparse.Namespace) -> int:
-    if args.check:
-        stale = stale_presets(args.check)
-        for name in stale:
-            print(f"stale: {name} (regenerate: toolkit config presets --write {args.check})")
-        return 1 if stale else 0
-    for name in write_presets(args.write):
-        print(f"wrote {args.write.rstrip('/')}/{name}")
-    return 0
+    return check_or_write(args.check or args.write, check=bool(args.check))
 
 
 def _rendering(render: Callable[[argparse.Namespace], str]) -> Callable[[argparse.Namespace], int]:

@@ -67,13 +67,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("directory", help="the presets directory, e.g. ds_configs/")
     parser.add_argument("--check", action="store_true", help="only report stale files")
     args = parser.parse_args(argv)
-    if args.check:
-        stale = stale_presets(args.directory)
+    return check_or_write(args.directory, check=args.check)
+
+
+def check_or_write(directory: str, *, check: bool) -> int:
+    """With `check`, name the stale files and return 1 if any; else write every preset."""
+    if check:
+        stale = stale_presets(directory)
         for name in stale:
-            print(f"stale: {name}")
+            print(f"stale: {name} (regenerate: toolkit config presets --write {directory})")
         return 1 if stale else 0
-    for name in write_presets(args.directory):
-        print(f"wrote {Path(args.directory, name)}")
+    for name in write_presets(directory):
+        print(f"wrote {Path(directory, name)}")
     return 0
 
 
