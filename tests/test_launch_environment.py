@@ -141,7 +141,7 @@ DETECTION_CASES = [
         "toolkit local",
         TOOLKIT_LOCAL,
         [],
-        env_("toolkit", master_addr="127.0.0.1", master_port=29611),
+        env_("local", master_addr="127.0.0.1", master_port=29611),
     ),
     (
         "horovodrun gloo",

@@ -60,7 +60,7 @@ def launch(argv: list[str]) -> tuple[int, str]:
 
 def test_toolkit_local_launcher(capfd: pytest.CaptureFixture[str]) -> None:
     result = run_local(PROBE, 2, timeout=60)
-    assert_two_ranks(capfd, result.returncode, result.report(), "toolkit")
+    assert_two_ranks(capfd, result.returncode, result.report(), "local")
 
 
 def test_mpirun(capfd: pytest.CaptureFixture[str]) -> None:

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from toolkit.backends.base import MicroBatch
-from toolkit.backends.registry import MPI_ENVIRONMENTS
+from toolkit.engines import MPI_ENVIRONMENTS
 from toolkit.errors import ToolkitError
 from toolkit.launch.environment import LaunchEnvironment
 from toolkit.launch.supervisor import free_port

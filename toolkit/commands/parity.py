@@ -45,9 +45,9 @@ def run(args: argparse.Namespace) -> int:
     if args.list:
         print("\n".join(case.name for case in cases))
         return 0
-    steps = args.steps or STEPS
+    steps = STEPS if args.steps is None else args.steps
     if steps < 1:
-        raise ToolkitError(f"--steps={steps}: must be at least 1", "use the default, 12")
+        raise ToolkitError(f"--steps={steps}: must be at least 1", f"use the default, {STEPS}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with (

@@ -11,28 +11,31 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from toolkit import engines
 from toolkit.doctor.probe_protocol import REINSTALL_FIX, ProbeReport, Problem
 from toolkit.launch.executables import find_launcher
 
-# engine name -> the probe module that reports on it.
+# package name -> the probe module that reports on it: every engine's package (the table in
+# toolkit.engines), and MPI, which is no engine but the transport under mpirun and Horovod.
 ENGINES: dict[str, str] = {
-    "torch": "toolkit.backends.ddp.probe",
-    "tensorflow": "toolkit.backends.tf.probe",
+    **{entry.package: entry.probe for entry in engines.ENGINES},
     "mpi": "toolkit.backends.mpi.probe",
-    "deepspeed": "toolkit.backends.deepspeed.probe",
-    "horovod": "toolkit.backends.horovod.probe",
 }
 # The spec's backend names, accepted as aliases so `doctor --engine ddp` means what it says.
-ALIASES = {"ddp": "torch", "tf": "tensorflow"}
+ALIASES = {entry.backend: entry.package for entry in engines.ENGINES if entry.backend != entry.package}
 
-# The launchers each engine needs to be usable as the toolkit drives it.
+# The launcher each package ships and needs on PATH: its engines' implied launcher (the local
+# launcher is the toolkit itself), and mpirun for MPI.
 REQUIRED_LAUNCHERS: dict[str, tuple[str, ...]] = {
-    "torch": ("torchrun",),
+    **{
+        entry.package: (entry.implied_launcher,)
+        for entry in engines.ENGINES
+        if entry.implied_launcher in engines.EXTERNAL_LAUNCHERS
+    },
     "mpi": ("mpirun",),
-    "deepspeed": ("deepspeed",),
-    "horovod": ("horovodrun",),
 }
-LAUNCHERS = ("horovodrun", "mpirun", "deepspeed", "torchrun", "srun")
+LAUNCHERS = engines.EXTERNAL_LAUNCHERS
+REPAIRS = {entry.package: entry.repair for entry in engines.ENGINES if entry.repair}
 # TensorFlow and DeepSpeed import slowly on a loaded 2-core machine.
 PROBE_TIMEOUT_S = 240
 
@@ -107,7 +110,5 @@ def _last_json_line(stdout: str) -> dict[str, Any] | None:
 
 
 def _broken(engine: str, message: str) -> ProbeReport:
-    fix = REINSTALL_FIX
-    if engine == "horovod":
-        fix = f"rm -rf ~/.cache/toolkit/wheels/horovod-* && {REINSTALL_FIX}"
+    fix = f"{REPAIRS[engine]} && {REINSTALL_FIX}" if engine in REPAIRS else REINSTALL_FIX
     return ProbeReport(engine=engine, installed=False, problems=[Problem(message, fix)])

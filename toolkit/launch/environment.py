@@ -43,6 +43,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+from toolkit.engines import LAUNCHER_ENVIRONMENTS
 from toolkit.errors import ToolkitError
 from toolkit.launch.slurm import expand_hostlist, expand_tasks_per_node
 
@@ -167,7 +168,7 @@ class Detector(ABC):
 class ToolkitLocal(Detector):
     """The toolkit's own local launcher: one machine, so local and global ranks coincide."""
 
-    name = "toolkit"
+    name = "local"
     required = (TOOLKIT_RANK, TOOLKIT_WORLD_SIZE, TOOLKIT_LOCAL_RANK)
 
     @classmethod
@@ -558,14 +559,16 @@ DETECTORS: tuple[type[Detector], ...] = (
     Single,
 )
 
-# Names a user may give explicitly. A launcher that can run its ranks through another one maps
-# to all the environments its processes may see: horovodrun --mpi runs mpirun, and the
-# deepspeed runner's multi-node back ends run mpirun, hydra or srun directly.
+# Names a user may give explicitly: every detector by its own name, and each launcher by the
+# environments its ranks may see (toolkit.engines.LAUNCHER_ENVIRONMENTS): horovodrun --mpi runs
+# mpirun, and the deepspeed runner's multi-node back ends run mpirun, hydra or srun directly.
+_BY_NAME: dict[str, type[Detector]] = {detector.name: detector for detector in DETECTORS}
 LAUNCHERS: dict[str, tuple[type[Detector], ...]] = {
-    **{detector.name: (detector,) for detector in DETECTORS},
-    "horovodrun": (HorovodRun, OpenMPI, MPICH),
-    "deepspeed": (DeepSpeed, OpenMPI, MPICH, Srun),
-    "mpirun": (OpenMPI, MPICH),
+    **{name: (detector,) for name, detector in _BY_NAME.items()},
+    **{
+        launcher: tuple(_BY_NAME[environment] for environment in environments)
+        for launcher, environments in LAUNCHER_ENVIRONMENTS.items()
+    },
 }
 
 

@@ -26,7 +26,7 @@ def execute(
     plan: LaunchPlan, spec: TrainSpec, *, timeout: float | None = None, echo: bool = True
 ) -> LaunchResult:
     """Run the plan and supervise it until every rank ends or one fails."""
-    if plan.launcher == "local":
+    if plan.argv is None:  # the toolkit's own launcher: every rank has its own command
         return run_local(
             plan.ranks[0].argv or [],
             len(plan.ranks),
@@ -37,8 +37,6 @@ def execute(
             timeout=timeout,
             echo=echo,
         )
-    if plan.argv is None:
-        raise ValueError(f"plan for {plan.launcher} has no command")
     executable = find_launcher(plan.argv[0])
     if executable is None:
         raise ToolkitError(

@@ -26,6 +26,8 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+from toolkit import engines
+
 TOLERANCE = {"fp32": 1e-5, "bf16": 2e-2}
 STEPS = 20
 BASE: dict[str, Any] = {"seed": 11, "batch": {"global": 32}}
@@ -153,9 +155,18 @@ class Case:
 
     @property
     def framework(self) -> str:
-        return str(
-            self.spec.get("framework", "tensorflow" if self.spec["backend"] == "tf" else "torch")
-        )
+        return framework_of(self.spec)
+
+    @property
+    def launcher(self) -> str:
+        """The launcher that starts the case: the spec's, else the engine's implied one."""
+        named: str | None = self.spec.get("launch", {}).get("launcher")
+        return named or engines.engine(self.spec["backend"], self.framework).implied_launcher
+
+
+def framework_of(spec: dict[str, Any]) -> str:
+    """The framework a spec dict runs: its own, else the one its backend implies."""
+    return str(spec.get("framework") or engines.engine(spec["backend"]).framework)
 
 
 def merge(base: dict[str, Any], *overrides: dict[str, Any]) -> dict[str, Any]:
@@ -178,12 +189,7 @@ def _case(engine_key: str, recipe: str, arch: str = "mlp", precision: str = "fp3
         {"precision": precision, "launch": {"np": engine.processes}},
     )
     name = f"{engine_key}:{arch}:{recipe}" + ("" if precision == "fp32" else f":{precision}")
-    framework = (
-        "tensorflow"
-        if spec["backend"] == "tf" or spec.get("framework") == "tensorflow"
-        else "torch"
-    )
-    return Case(name, engine_key, arch, precision, spec, reference_framework=framework)
+    return Case(name, engine_key, arch, precision, spec, reference_framework=framework_of(spec))
 
 
 def all_cases() -> list[Case]:

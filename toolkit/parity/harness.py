@@ -42,7 +42,7 @@ class Outcome:
         return {
             "case": self.case.name,
             "engine": self.case.engine,
-            "launcher": self.case.spec.get("launch", {}).get("launcher", "deepspeed"),
+            "launcher": self.case.launcher,
             "arch": self.case.arch,
             "precision": self.case.precision,
             "tolerance": self.case.tolerance,

@@ -24,8 +24,10 @@ Launcher notes:
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from toolkit.launch.environment import (
     TOOLKIT_LOCAL_RANK,
@@ -34,7 +36,8 @@ from toolkit.launch.environment import (
     TOOLKIT_RANK,
     TOOLKIT_WORLD_SIZE,
 )
-from toolkit.render import horovod, tf
+from toolkit import engines
+from toolkit.render import horovod
 from toolkit.render.hostfile import hostfile
 from toolkit.render.layout import Slot, job_hosts, rank_layout, uniform_slots
 from toolkit.spec import SpecError, TrainSpec
@@ -105,10 +108,22 @@ def program(spec: TrainSpec, command: Sequence[str], ctx: LaunchContext) -> list
 def base_env(spec: TrainSpec) -> dict[str, str]:
     """Variables every rank gets from the toolkit: threads, Horovod settings, launch.env."""
     env = {"OMP_NUM_THREADS": str(spec.launch.threads_per_rank)}
-    if spec.backend == "horovod":
-        env.update(horovod.environment(spec))
+    job_env = _engine(spec).job_env
+    if job_env is not None:
+        env.update(_resolve(job_env)(spec))
     env.update(spec.launch.env)
     return env
+
+
+def _engine(spec: TrainSpec) -> engines.Engine:
+    return engines.engine(spec.backend, spec.framework_name)
+
+
+def _resolve(target: str) -> Callable[[TrainSpec], Any]:
+    """The renderer a "module:function" entry of the engine table names."""
+    module_name, _, name = target.partition(":")
+    function: Callable[[TrainSpec], Any] = getattr(importlib.import_module(module_name), name)
+    return function
 
 
 def _torch_env(spec: TrainSpec, slot: Slot) -> dict[str, str]:
@@ -291,6 +306,8 @@ def local(spec: TrainSpec, command: list[str], ctx: LaunchContext) -> LaunchPlan
     TensorFlow, their TF_CONFIG; the engines derive RANK, MASTER_ADDR, ... from those.
     """
     argv = program(spec, command, ctx)
+    local_rank_env = _engine(spec).local_rank_env
+    extra: list[dict[str, str]] = _resolve(local_rank_env)(spec) if local_rank_env else []
     ranks = []
     for slot in rank_layout(spec):
         env = {
@@ -301,8 +318,8 @@ def local(spec: TrainSpec, command: list[str], ctx: LaunchContext) -> LaunchPlan
             TOOLKIT_MASTER_ADDR: spec.master_addr,
             TOOLKIT_MASTER_PORT: str(spec.launch.master_port),
         }
-        if spec.backend == "tf":
-            env["TF_CONFIG"] = tf.tf_config(spec, slot.rank)
+        if extra:
+            env.update(extra[slot.rank])
         ranks.append(RankPlan(rank=slot.rank, host=slot.host, env=env, argv=list(argv)))
     return LaunchPlan(launcher="local", argv=None, env={}, ranks=ranks)
 

@@ -25,13 +25,23 @@ def tf_config(spec: TrainSpec, index: int) -> str:
         raise SpecError.single(
             "tf.worker_index", index, f"must be in [0, {len(workers)})", hint="one per rank"
         )
-    data = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
-    return json.dumps(data, separators=(",", ":"))
+    return _tf_config(json.dumps(workers, separators=(",", ":")), index)
 
 
 def tf_configs(spec: TrainSpec) -> list[str]:
-    """TF_CONFIG for every worker."""
-    return [tf_config(spec, index) for index in range(spec.world_size)]
+    """TF_CONFIG for every worker; the worker list is encoded once (linear in the ranks)."""
+    workers = json.dumps(worker_addresses(spec), separators=(",", ":"))
+    return [_tf_config(workers, index) for index in range(spec.world_size)]
+
+
+def _tf_config(workers_json: str, index: int) -> str:
+    return f'{{"cluster":{{"worker":{workers_json}}},"task":{{"type":"worker","index":{index}}}}}'
+
+
+def local_rank_environments(spec: TrainSpec) -> list[dict[str, str]]:
+    """What MultiWorkerMirroredStrategy needs from the toolkit's local launcher, per rank:
+    its TF_CONFIG."""
+    return [{"TF_CONFIG": config} for config in tf_configs(spec)]
 
 
 def communication_options(spec: TrainSpec) -> dict[str, Any]:

@@ -16,12 +16,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from toolkit.engines import Backend, Framework, Launcher, engine
 from toolkit.spec.constraints import metadata, number, text
 from toolkit.spec.errors import SpecIssue
 from toolkit.spec.hosts import HOST_NAME, MAX_RANKS, Host, check_host_list, parse_host
 
-Backend = Literal["ddp", "horovod", "deepspeed", "tf"]
-Framework = Literal["torch", "tensorflow"]
 OptimizerName = Literal["sgd", "adam", "adamw"]
 LrScaling = Literal["none", "linear"]
 Precision = Literal["fp32", "fp16", "bf16"]
@@ -31,24 +30,7 @@ HorovodController = Literal["gloo", "mpi"]
 HorovodCompression = Literal["none", "fp16"]
 HorovodOp = Literal["average", "sum", "adasum"]
 TfCommunication = Literal["ring", "nccl", "auto"]
-Launcher = Literal["horovodrun", "mpirun", "deepspeed", "torchrun", "srun", "local"]
 MultinodeLauncher = Literal["pdsh", "openmpi", "mvapich", "slurm"]
-
-IMPLIED_FRAMEWORK: dict[str, Framework] = {
-    "ddp": "torch",
-    "horovod": "torch",
-    "deepspeed": "torch",
-    "tf": "tensorflow",
-}
-"""The framework each backend implies when `framework` is not given."""
-
-IMPLIED_LAUNCHER: dict[str, Launcher] = {
-    "ddp": "torchrun",
-    "horovod": "horovodrun",
-    "deepspeed": "deepspeed",
-    "tf": "local",
-}
-"""The launcher each backend implies when `launch.launcher` is not given."""
 
 
 HOST_WHAT = "a host name or IPv4 address (letters, digits, dots, dashes)"
@@ -364,12 +346,12 @@ class TrainSpec:
     @property
     def framework_name(self) -> Framework:
         """The framework, resolved from the backend when not given."""
-        return self.framework or IMPLIED_FRAMEWORK[self.backend]
+        return self.framework or engine(self.backend).framework
 
     @property
     def launcher(self) -> Launcher:
         """The launcher, resolved from the backend when not given."""
-        return self.launch.launcher or IMPLIED_LAUNCHER[self.backend]
+        return self.launch.launcher or engine(self.backend).implied_launcher
 
     @property
     def hosts(self) -> tuple[Host, ...]:

@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from toolkit.engines import MPI_LAUNCHERS, ONE_RANK_PER_SLOT, frameworks_of, launcher_refusal
 from toolkit.spec.batch import batch_issues
 from toolkit.spec.errors import SpecError, SpecIssue
 from toolkit.spec.hosts import LOCAL_NAMES
@@ -22,21 +23,6 @@ if TYPE_CHECKING:
     from toolkit.spec.model import TrainSpec
 
 Rule = Callable[["TrainSpec"], Iterable[SpecIssue]]
-
-COMPATIBLE_LAUNCHERS: dict[str, tuple[str, ...]] = {
-    "ddp": ("torchrun", "deepspeed", "mpirun", "srun", "local"),
-    "horovod": ("horovodrun", "mpirun", "srun"),
-    "deepspeed": ("deepspeed", "torchrun", "mpirun", "srun", "local"),
-    "tf": ("local", "srun"),
-}
-"""Launchers that can start each backend's ranks."""
-
-COMPATIBLE_FRAMEWORKS: dict[str, tuple[str, ...]] = {
-    "ddp": ("torch",),
-    "horovod": ("torch", "tensorflow"),
-    "deepspeed": ("torch",),
-    "tf": ("tensorflow",),
-}
 
 _MAX_PORT = 65535
 MAX_LOCAL_RANKS = 256
@@ -58,7 +44,7 @@ def _hostfile(spec: TrainSpec) -> Iterator[SpecIssue]:
 
 
 def _backend(spec: TrainSpec) -> Iterator[SpecIssue]:
-    allowed = COMPATIBLE_FRAMEWORKS[spec.backend]
+    allowed = frameworks_of(spec.backend)
     if spec.framework is not None and spec.framework not in allowed:
         yield _issue(
             "framework",
@@ -148,15 +134,17 @@ def _pipeline(spec: TrainSpec) -> Iterator[SpecIssue]:
 
 def _launch(spec: TrainSpec) -> Iterator[SpecIssue]:
     launch, launcher = spec.launch, spec.launcher
-    allowed = COMPATIBLE_LAUNCHERS[spec.backend]
-    if launcher not in allowed:
+    # A backend/framework mismatch is reported by _backend; judge the launcher by the backend.
+    framework = spec.framework if spec.framework in frameworks_of(spec.backend) else None
+    refusal = launcher_refusal(spec.backend, framework, launcher)
+    if refusal is not None:
         yield _issue(
             "launch.launcher",
             launcher,
-            f"backend {spec.backend} is started by {', '.join(allowed)}",
+            refusal,
             hint="remove launch.launcher to use the backend's usual one",
         )
-    mpi_launched = spec.backend == "horovod" and launcher in ("mpirun", "srun")
+    mpi_launched = spec.backend == "horovod" and launcher in MPI_LAUNCHERS
     if mpi_launched and spec.horovod.controller != "mpi":
         yield _issue(
             "horovod.controller",
@@ -174,7 +162,7 @@ def _launch(spec: TrainSpec) -> Iterator[SpecIssue]:
                 f"horovodrun needs np <= the hosts' slots ({slots})",
                 hint="add slots to launch.hosts, or lower np",
             )
-        if launcher in ("deepspeed", "torchrun", "srun", "local") and launch.np != slots:
+        if launcher in ONE_RANK_PER_SLOT and launch.np != slots:
             yield _issue(
                 "launch.np",
                 launch.np,

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from toolkit.backends.base import Backend, LossFn, MicroBatch
-from toolkit.backends.registry import MPI_ENVIRONMENTS
+from toolkit.engines import MPI_ENVIRONMENTS
 from toolkit.backends.tf import common
 from toolkit.errors import ToolkitError
 from toolkit.render import tf as render_tf

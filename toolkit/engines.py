@@ -1,0 +1,221 @@
+"""The one table of engines and launchers: everything else asks it, nothing else branches on names.
+
+For each (backend, framework) pair it holds the implied launcher, the launchers `toolkit launch`
+may start it with, the launch environments its ranks can run in, the class that implements it,
+the probe `toolkit doctor` runs for it and the per-rank environment it needs. Spec validation,
+the backend registry, doctor, the launch renderers and the parity cases all read this module,
+so the answer to "can launcher L start engine E?" is the same everywhere.
+
+Two vocabularies meet here:
+
+- *Launchers* are what a user names in `launch.launcher` and what `toolkit launch` runs:
+  horovodrun, mpirun, deepspeed, torchrun, srun and local (the toolkit's own process starter).
+- *Environments* are what a rank finds when it starts (`toolkit.launch.environment` detects
+  them from variables): one per launcher, except that one launcher can produce several
+  (horovodrun --mpi ranks are plain Open MPI processes; the deepspeed runner's multi-node back
+  ends run mpirun, hydra or srun directly), plus three that no launcher of ours produces:
+  `tf_config` (a TF_CONFIG written by hand or by a cluster operator), `torch_env` (RANK and
+  WORLD_SIZE exported by hand) and `single` (no launcher: one process).
+
+This module imports nothing from the toolkit or any engine: targets are "module:attribute"
+strings, resolved by whoever needs them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+Backend = Literal["ddp", "horovod", "deepspeed", "tf"]
+Framework = Literal["torch", "tensorflow"]
+Launcher = Literal["horovodrun", "mpirun", "deepspeed", "torchrun", "srun", "local"]
+Environment = Literal[
+    "horovodrun", "openmpi", "mpich", "deepspeed", "torchrun", "srun", "local",
+    "tf_config", "torch_env", "single",
+]  # fmt: skip
+
+BACKENDS: tuple[Backend, ...] = get_args(Backend)
+FRAMEWORKS: tuple[Framework, ...] = get_args(Framework)
+LAUNCHERS: tuple[Launcher, ...] = get_args(Launcher)
+
+MPI_ENVIRONMENTS: tuple[Environment, ...] = ("openmpi", "mpich")
+
+SELF_LAUNCHER: Launcher = "local"
+"""The toolkit's own launcher: it starts each rank itself, on this machine."""
+EXTERNAL_LAUNCHERS: tuple[Launcher, ...] = tuple(name for name in LAUNCHERS if name != SELF_LAUNCHER)
+"""Launchers that are programs of their own, found on PATH."""
+
+LAUNCHER_ENVIRONMENTS: dict[Launcher, tuple[Environment, ...]] = {
+    "horovodrun": ("horovodrun", *MPI_ENVIRONMENTS),
+    "mpirun": MPI_ENVIRONMENTS,
+    "deepspeed": ("deepspeed", *MPI_ENVIRONMENTS, "srun"),
+    "torchrun": ("torchrun",),
+    "srun": ("srun",),
+    "local": ("local",),
+}
+"""The environments a rank started by each launcher may detect, the launcher's own first."""
+
+MPI_LAUNCHERS: tuple[Launcher, ...] = ("mpirun", "srun")
+"""Launchers whose ranks are MPI processes to Horovod: its controller must be mpi there."""
+
+ONE_RANK_PER_SLOT: tuple[Launcher, ...] = ("deepspeed", "torchrun", "srun", "local")
+"""Launchers that start exactly one rank per host slot (np must equal the slots)."""
+
+MPIJOB_LAUNCHERS: tuple[Launcher, ...] = ("mpirun",)
+"""Launchers a Kubeflow MPIJob runs: its launcher pod runs mpirun over the worker pods."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Engine:
+    """One (backend, framework) pair and everything the toolkit needs to know to run it."""
+
+    backend: Backend
+    framework: Framework
+    backend_class: str
+    """"module:Class" of its `toolkit.backends.base.Backend` implementation."""
+    package: str
+    """The installed package the engine stands on; `toolkit doctor` reports by this name."""
+    probe: str
+    """Module `toolkit doctor` runs (`python -m`) to report on `package`."""
+    repair: str | None = None
+    """A command that repairs a broken install beyond the usual `make setup`, if any."""
+    launchers: tuple[Launcher, ...]
+    """Launchers that can start its ranks, the implied one (used when the spec names none)
+    first. `toolkit launch` may use each of them."""
+    standalone_environments: tuple[Environment, ...]
+    """Environments, beyond its launchers', that its ranks can start in without a launcher."""
+    job_env: str | None = None
+    """"module:function" rendering, from the spec, the variables every rank of this engine
+    needs under any launcher (Horovod's HOROVOD_* tuning), or None."""
+    local_rank_env: str | None = None
+    """"module:function" rendering, from the spec, what the toolkit's own local launcher must
+    give each rank beyond its TOOLKIT_* variables (TF_CONFIG), as a list in rank order."""
+
+    @property
+    def name(self) -> str:
+        return f"{self.backend}+{self.framework}"
+
+    @property
+    def implied_launcher(self) -> Launcher:
+        return self.launchers[0]
+
+    @property
+    def environments(self) -> frozenset[Environment]:
+        """Every environment its ranks may start in."""
+        from_launchers = (env for launcher in self.launchers for env in LAUNCHER_ENVIRONMENTS[launcher])
+        return frozenset((*from_launchers, *self.standalone_environments))
+
+
+_HOROVOD_ENV = "toolkit.render.horovod:environment"
+# Horovod is compiled against the installed torch and TF; a stale cached wheel must go.
+_HOROVOD_REBUILD = "rm -rf ~/.cache/toolkit/wheels/horovod-*"
+
+ENGINES: tuple[Engine, ...] = (
+    Engine(
+        backend="ddp",
+        framework="torch",
+        backend_class="toolkit.backends.ddp.backend:DDPBackend",
+        package="torch",
+        probe="toolkit.backends.ddp.probe",
+        launchers=("torchrun", "mpirun", "deepspeed", "srun", "local"),
+        standalone_environments=("torch_env", "single"),
+    ),
+    Engine(
+        backend="deepspeed",
+        framework="torch",
+        backend_class="toolkit.backends.deepspeed.backend:DeepSpeedBackend",
+        package="deepspeed",
+        probe="toolkit.backends.deepspeed.probe",
+        launchers=("deepspeed", "torchrun", "mpirun", "srun", "local"),
+        standalone_environments=("torch_env", "single"),
+    ),
+    # Horovod's Gloo controller needs the rendezvous server horovodrun starts; under mpirun its
+    # ranks are MPI processes and take the MPI controller. srun would need a PMI-enabled MPI
+    # (srun --mpi=pmix) that Debian's Slurm and Open MPI do not give together, so inside a
+    # Slurm allocation Horovod runs under mpirun.
+    Engine(
+        backend="horovod",
+        framework="torch",
+        backend_class="toolkit.backends.horovod.torch_backend:HorovodTorchBackend",
+        package="horovod",
+        probe="toolkit.backends.horovod.probe",
+        repair=_HOROVOD_REBUILD,
+        launchers=("horovodrun", "mpirun"),
+        standalone_environments=("single",),
+        job_env=_HOROVOD_ENV,
+    ),
+    Engine(
+        backend="horovod",
+        framework="tensorflow",
+        backend_class="toolkit.backends.horovod.tf_backend:HorovodTFBackend",
+        package="horovod",
+        probe="toolkit.backends.horovod.probe",
+        repair=_HOROVOD_REBUILD,
+        launchers=("horovodrun", "mpirun"),
+        standalone_environments=("single",),
+        job_env=_HOROVOD_ENV,
+    ),
+    # MultiWorkerMirroredStrategy reads TF_CONFIG: the local launcher writes one per rank, and
+    # under srun or mpirun the backend builds it from the launcher's rank and host list.
+    Engine(
+        backend="tf",
+        framework="tensorflow",
+        backend_class="toolkit.backends.tf.backend:TFBackend",
+        package="tensorflow",
+        probe="toolkit.backends.tf.probe",
+        launchers=("local", "mpirun", "srun"),
+        standalone_environments=("tf_config", "single"),
+        local_rank_env="toolkit.render.tf:local_rank_environments",
+    ),
+)
+
+_BY_PAIR: dict[tuple[str, str], Engine] = {(e.backend, e.framework): e for e in ENGINES}
+
+IMPLIED_FRAMEWORK: dict[Backend, Framework] = {}
+"""The framework each backend runs when the spec does not name one: its first entry above."""
+for _engine in ENGINES:
+    IMPLIED_FRAMEWORK.setdefault(_engine.backend, _engine.framework)
+
+
+class UnknownEngine(LookupError):
+    """A (backend, framework) pair that is not in the table."""
+
+
+def frameworks_of(backend: str) -> tuple[Framework, ...]:
+    """Frameworks a backend runs, in table order."""
+    return tuple(e.framework for e in ENGINES if e.backend == backend)
+
+
+def engine(backend: str, framework: str | None = None) -> Engine:
+    """The table entry for a pair; `framework=None` means the backend's implied one."""
+    if framework is None and backend in IMPLIED_FRAMEWORK:
+        framework = IMPLIED_FRAMEWORK[backend]  # type: ignore[index]
+    found = _BY_PAIR.get((backend, framework or ""))
+    if found is None:
+        pairs = ", ".join(e.name for e in ENGINES)
+        raise UnknownEngine(f"backend {backend!r} with framework {framework!r}; supported: {pairs}")
+    return found
+
+
+def launcher_refusal(backend: str, framework: str | None, launcher: str) -> str | None:
+    """Why `launcher` cannot start the engine, as "allowed" text; None when it can."""
+    entry = engine(backend, framework)
+    if launcher in entry.launchers:
+        return None
+    return f"backend {entry.backend} ({entry.framework}) is started by {', '.join(entry.launchers)}"
+
+
+def environment_refusal(backend: str, framework: str | None, environment: str) -> str | None:
+    """Why a rank that detected `environment` cannot run the engine; None when it can."""
+    entry = engine(backend, framework)
+    if environment in entry.environments:
+        return None
+    return (
+        f"backend {entry.backend} ({entry.framework}) cannot run under the {environment!r} "
+        f"launcher; it runs under: {', '.join(entry.launchers)}"
+    )
+
+
+def launchers_producing(environment: str) -> tuple[Launcher, ...]:
+    """Launchers whose ranks may detect `environment`."""
+    return tuple(name for name, envs in LAUNCHER_ENVIRONMENTS.items() if environment in envs)
