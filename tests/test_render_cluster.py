@@ -3,6 +3,7 @@ requires, and the hostfile is in the deepspeed launcher's format."""
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -55,9 +56,38 @@ def test_sbatch_script_passes_bash_n(tmp_path: Path, launch: dict[str, object]) 
     assert echoed.stdout.splitlines()[-3:] == COMMAND
 
 
-def test_sbatch_refuses_launchers_it_cannot_use() -> None:
-    with pytest.raises(SpecError, match=r"launch\.launcher"):
-        sbatch_script(spec(np=2), COMMAND)  # torchrun
+@pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"backend": "ddp", "launch": {"launcher": "torchrun", "hosts": ["n1:2", "n2:2"]}},
+        {"backend": "deepspeed", "launch": {"launcher": "deepspeed", "np": 2}},
+        {"backend": "deepspeed", "launch": {"launcher": "deepspeed", "hosts": ["n1:1", "n2:1"]}},
+        {"backend": "horovod", "launch": {"launcher": "horovodrun", "np": 2}},
+        {"backend": "tf", "launch": {"launcher": "local", "np": 2}},
+    ],
+    ids=lambda data: f"{data['backend']}-{data['launch']['launcher']}",
+)
+def test_sbatch_runs_every_launcher_inside_the_allocation(
+    tmp_path: Path, data: dict[str, object]
+) -> None:
+    script = sbatch_script(TrainSpec.from_dict(data), COMMAND)
+    path = tmp_path / "job.sh"
+    path.write_text(script)
+    done = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    last = script.rstrip().splitlines()[-1]
+    assert last.split()[0] in {"srun", "horovodrun", "deepspeed", "python"}, last
+    assert last.endswith(shlex.join(COMMAND)), last
+
+
+def test_sbatch_torchrun_starts_one_agent_per_node() -> None:
+    spec = TrainSpec.from_dict(
+        {"backend": "ddp", "launch": {"launcher": "torchrun", "hosts": ["n1:2", "n2:2"]}}
+    )
+    last = sbatch_script(spec, COMMAND).rstrip().splitlines()[-1]
+    assert last.startswith("srun --nodes=2 --ntasks=2 --ntasks-per-node=1 ")
+    assert '--rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT"' in last
 
 
 def test_mpijob_has_the_v2beta1_fields() -> None:

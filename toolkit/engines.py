@@ -197,23 +197,24 @@ def engine(backend: str, framework: str | None = None) -> Engine:
     return found
 
 
-def launcher_refusal(backend: str, framework: str | None, launcher: str) -> str | None:
-    """Why `launcher` cannot start the engine, as "allowed" text; None when it can."""
-    entry = engine(backend, framework)
-    if launcher in entry.launchers:
-        return None
+def _started_by(entry: Engine) -> str:
     return f"backend {entry.backend} ({entry.framework}) is started by {', '.join(entry.launchers)}"
+
+
+def launcher_refusal(backend: str, framework: str | None, launcher: str) -> str | None:
+    """Why `launcher` cannot start the engine, as "allowed" text; None when it can.
+
+    The same words as `environment_refusal`, so that `toolkit spec check`, `toolkit launch`,
+    `toolkit config sbatch` and `toolkit.init` refuse a pair alike.
+    """
+    entry = engine(backend, framework)
+    return None if launcher in entry.launchers else _started_by(entry)
 
 
 def environment_refusal(backend: str, framework: str | None, environment: str) -> str | None:
     """Why a rank that detected `environment` cannot run the engine; None when it can."""
     entry = engine(backend, framework)
-    if environment in entry.environments:
-        return None
-    return (
-        f"backend {entry.backend} ({entry.framework}) cannot run under the {environment!r} "
-        f"launcher; it runs under: {', '.join(entry.launchers)}"
-    )
+    return None if environment in entry.environments else _started_by(entry)
 
 
 def launchers_producing(environment: str) -> tuple[Launcher, ...]:

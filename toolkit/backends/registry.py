@@ -29,7 +29,7 @@ def check_environment(backend: str, framework: str, environment: str) -> None:
     if refusal is not None:
         launcher = _engine(backend, framework).implied_launcher
         raise ToolkitError(
-            f"{refusal}.",
+            f"this process was started by {environment}: {refusal}.",
             f"start the script with one of those, e.g. `toolkit launch` with launch.launcher: {launcher}",
         )
 

@@ -287,8 +287,12 @@ def srun(spec: TrainSpec, command: list[str], ctx: LaunchContext) -> LaunchPlan:
     argv += program(spec, command, ctx)
     nodelist = ",".join(host.name for host in spec.hosts) if spec.hosts else RUNTIME
 
+    tasks_per_node = ",".join(str(host.slots) for host in hosts)
+
     def env_of(slot: Slot) -> dict[str, str]:
         return {
+            "SLURM_STEP_ID": RUNTIME,
+            "SLURM_STEP_TASKS_PER_NODE": tasks_per_node,
             "SLURM_PROCID": str(slot.rank),
             "SLURM_NTASKS": str(spec.world_size),
             "SLURM_LOCALID": str(slot.local_rank),

@@ -41,7 +41,9 @@ def rank_layout(spec: TrainSpec) -> list[Slot]:
     nodes = [node for node, host in enumerate(hosts) for _ in range(host.slots)]
     nodes = nodes[: spec.world_size]
     nodes += [extra % len(hosts) for extra in range(spec.world_size - len(nodes))]
-    counts = [nodes.count(node) for node in range(len(hosts))]
+    counts = [0] * len(hosts)
+    for node in nodes:
+        counts[node] += 1
     seen = [0] * len(hosts)
     slots = []
     for rank, node in enumerate(nodes):

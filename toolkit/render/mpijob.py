@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from toolkit.engines import MPIJOB_LAUNCHERS
 from toolkit.render.launchers import base_env
 from toolkit.render.layout import job_hosts, uniform_slots
 from toolkit.spec import SpecError, TrainSpec
@@ -22,12 +23,12 @@ API_VERSION = "kubeflow.org/v2beta1"
 
 def mpijob_manifest(spec: TrainSpec, command: Sequence[str]) -> dict[str, Any]:
     """The MPIJob manifest; SpecError unless the spec's launcher is mpirun and slots are equal."""
-    if spec.launcher != "mpirun":
+    if spec.launcher not in MPIJOB_LAUNCHERS:
         raise SpecError.single(
             "launch.launcher",
             spec.launcher,
-            "an MPIJob starts ranks with mpirun",
-            hint="set launch.launcher: mpirun",
+            f"an MPIJob starts ranks with {', '.join(MPIJOB_LAUNCHERS)}",
+            hint=f"set launch.launcher: {MPIJOB_LAUNCHERS[0]}",
         )
     slots = uniform_slots(spec)
     if slots is None:

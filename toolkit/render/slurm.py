@@ -1,47 +1,105 @@
-"""TrainSpec + command -> a Slurm batch script (text) that starts the job with srun or mpirun.
+"""TrainSpec + command -> a Slurm batch script (text) that starts the job with the spec's launcher.
 
 Pure. Every value that reaches the script is quoted with shlex.quote, so host names, paths and
-script arguments stay data; tests run `bash -n` on the result. Inside an allocation the ranks'
-places come from Slurm, so hosts become `--nodelist` and the command drops its own host list.
-`srun` needs `--cpus-per-task` again: since Slurm 22.05 it no longer inherits it from sbatch.
+script arguments stay data; tests run `bash -n` on the result. The allocation is the spec's hosts
+(`--nodelist`, one task per slot) or one node, and each launcher runs inside it as a user would
+run it there:
+
+- srun and mpirun take the ranks' places from Slurm, so the command drops its own host list.
+  `srun` needs `--cpus-per-task` again: since Slurm 22.05 it no longer inherits it from sbatch.
+- torchrun runs once per node: `srun --ntasks-per-node=1` starts it on every node of the
+  allocation, all meeting at the first node (c10d rendezvous, the job id as rendezvous id).
+- horovodrun and the deepspeed launcher start every rank from the batch host themselves (over
+  ssh or pdsh for other hosts), so they run once, with the command `toolkit launch` would run.
+- local (the toolkit's own launcher, one machine) runs `python -m toolkit launch` with the spec,
+  which the script writes next to the job's output first.
 """
 
 from __future__ import annotations
 
+import json
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from toolkit.render.launchers import base_env
+from toolkit.render.launchers import LaunchContext, base_env, launch_plan
 from toolkit.render.layout import job_hosts, uniform_slots
 from toolkit.spec import SpecError, TrainSpec
 
-SUPPORTED = ("srun", "mpirun")
+SPEC_COPY = '.toolkit/spec-"$SLURM_JOB_ID".json'
+"""Where the script writes the spec for `toolkit launch` (relative to the submit directory)."""
+
+_BATCH_CONTEXT = LaunchContext(uid=-1, cpu_count=1 << 20, python="python")
+"""The renderers' machine facts inside a batch job: not root (no --allow-run-as-root), never
+oversubscribed (Slurm gave one core per rank), and `python` from the job's PATH."""
 
 
-def _command(spec: TrainSpec, program: list[str]) -> list[str]:
-    if spec.launcher == "srun":
-        threads = spec.launch.threads_per_rank
-        return ["srun", f"--cpus-per-task={threads}", "--kill-on-bad-exit=1", *program]
+def _program(spec: TrainSpec, command: list[str]) -> list[str]:
+    python = spec.launch.python or "python"
+    return [python, *command] if command[0].endswith(".py") else list(command)
+
+
+def _srun(spec: TrainSpec, command: list[str]) -> list[str]:
+    threads = spec.launch.threads_per_rank
+    return ["srun", f"--cpus-per-task={threads}", "--kill-on-bad-exit=1", *_program(spec, command)]
+
+
+def _mpirun(spec: TrainSpec, command: list[str]) -> list[str]:
     argv = ["mpirun", "-np", str(spec.world_size), "--bind-to", "none", "--map-by", "slot"]
     for name in base_env(spec):
         argv += ["-x", name]
-    return argv + program
+    return argv + _program(spec, command)
+
+
+def _torchrun(spec: TrainSpec, command: list[str]) -> list[str]:
+    nodes = len(job_hosts(spec))
+    per_node = uniform_slots(spec) or 1
+    argv = ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1"]
+    argv += [f"--cpus-per-task={spec.launch.threads_per_rank * per_node}", "--kill-on-bad-exit=1"]
+    argv += ["torchrun", "--nnodes", str(nodes), "--nproc-per-node", str(per_node)]
+    argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", "$MASTER_ADDR:$MASTER_PORT"]
+    argv += ["--rdzv-id", "$SLURM_JOB_ID", "--max-restarts", "0"]
+    if not command[0].endswith(".py"):
+        argv.append("--no-python")
+    return argv + command
+
+
+def _as_planned(spec: TrainSpec, command: list[str]) -> list[str]:
+    """The launcher command `toolkit launch` would run (horovodrun, deepspeed)."""
+    argv = launch_plan(spec, command, _BATCH_CONTEXT).argv
+    if argv is None:
+        raise ValueError(f"the {spec.launcher} plan has no single command to run")
+    return argv
+
+
+def _local(spec: TrainSpec, command: list[str]) -> list[str]:
+    return ["python", "-m", "toolkit", "launch", "--spec", SPEC_COPY, "--", *command]
+
+
+COMMANDS: dict[str, Callable[[TrainSpec, list[str]], list[str]]] = {
+    "srun": _srun,
+    "mpirun": _mpirun,
+    "torchrun": _torchrun,
+    "horovodrun": _as_planned,
+    "deepspeed": _as_planned,
+    "local": _local,
+}
+"""Launcher -> the command the batch script runs inside its allocation."""
+
+_EXPANDED = ("$MASTER_ADDR:$MASTER_PORT", "$SLURM_JOB_ID")
+"""Words left for bash to expand (double-quoted); every other word is single-quoted."""
+
+
+def _quote(word: str) -> str:
+    if word == SPEC_COPY:  # already quoted where it must be
+        return word
+    return f'"{word}"' if word in _EXPANDED else shlex.quote(word)
 
 
 def sbatch_script(spec: TrainSpec, command: Sequence[str]) -> str:
-    """The batch script for `sbatch`; SpecError for launchers Slurm cannot start this way."""
-    if spec.launcher not in SUPPORTED:
-        raise SpecError.single(
-            "launch.launcher",
-            spec.launcher,
-            "a Slurm batch script starts ranks with srun or mpirun",
-            hint="set launch.launcher: srun",
-        )
+    """The batch script for `sbatch`, running the spec's launcher inside the allocation."""
     if not command:
-        raise SpecError.single("command", [], "must name a script to run")
+        raise SpecError.single("command", [], "must name a script to run", hint="-- SCRIPT ARGS")
     hosts = job_hosts(spec)
-    python = spec.launch.python or "python"
-    program = [python, *command] if command[0].endswith(".py") else list(command)
     options = [
         f"--job-name={spec.launch.job_name}",
         f"--nodes={len(hosts)}",
@@ -63,5 +121,12 @@ def sbatch_script(spec: TrainSpec, command: Sequence[str]) -> str:
     lines.append('MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"')
     lines.append("export MASTER_ADDR")
     lines.append(f"export MASTER_PORT={shlex.quote(str(spec.launch.master_port))}")
-    lines += ["", shlex.join(_command(spec, program)), ""]
+    argv = COMMANDS[spec.launcher](spec, list(command))
+    if SPEC_COPY in argv:
+        lines += ["mkdir -p .toolkit", f"cat > {SPEC_COPY} <<'TOOLKIT_SPEC'"]
+        lines += [json.dumps(spec.to_dict()), "TOOLKIT_SPEC"]
+    for path, content in launch_plan(spec, list(command), _BATCH_CONTEXT).files.items():
+        lines += [f"mkdir -p {shlex.quote(path.rpartition('/')[0] or '.')}"]
+        lines += [f"cat > {shlex.quote(path)} <<'TOOLKIT_FILE'", content.rstrip("\n"), "TOOLKIT_FILE"]
+    lines += ["", " ".join(_quote(word) for word in argv), ""]
     return "\n".join(lines)
