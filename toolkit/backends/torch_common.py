@@ -25,8 +25,20 @@ from toolkit.launch.supervisor import free_port
 from toolkit.spec import TrainSpec
 
 # Every blocking collective gives up after this long instead of hanging forever when a peer
-# died; the launcher supervisor then stops the rest.
+# died or stalled; the launcher supervisor then stops the rest.
 COLLECTIVE_TIMEOUT = timedelta(seconds=300)
+
+
+def apply_collective_timeout(timeout: timedelta) -> None:
+    """Make every process group this process creates give up after `timeout`.
+
+    Finding: `init_process_group(timeout=...)` sets the timeout of the default group only.
+    `new_group()` without a timeout takes `distributed_c10d.default_pg_timeout` (30 minutes for
+    gloo), looked up when it is called. DeepSpeed creates its data-parallel, ZeRO and pipeline
+    groups that way, so a stalled peer hung a ZeRO-2 job for more than 6 minutes although the
+    default group's timeout was 300 s. Setting the module default reaches those groups too.
+    """
+    dist.distributed_c10d.default_pg_timeout = timeout  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -27,6 +27,7 @@ class DDPBackend(common.TorchCollectives, Backend):
     def setup(self) -> None:
         common.configure_threads(self.spec)
         common.export_torch_env(self.env, common.rendezvous(self.spec, self.env))
+        common.apply_collective_timeout(common.COLLECTIVE_TIMEOUT)
         if not dist.is_initialized():
             dist.init_process_group(
                 "gloo",

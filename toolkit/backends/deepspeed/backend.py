@@ -67,6 +67,7 @@ class DeepSpeedBackend(common.TorchCollectives, Backend):
         common.export_torch_env(self.env, common.rendezvous(self.spec, self.env))
         # Not needed for training, and its JIT build can hang every later start (module docs).
         deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False
+        common.apply_collective_timeout(common.COLLECTIVE_TIMEOUT)
         deepspeed.init_distributed(
             dist_backend="gloo",
             auto_mpi_discovery=False,
