@@ -119,7 +119,9 @@ def main() -> int:
             tally.other_failures += outcome == "other"
             if outcome != "pass" and not tally.first_failure:
                 tally.first_failure = tail
-            print(f"[{index + 1}/{args.runs}] {tally.engine}: {outcome} ({seconds:.1f}s)", flush=True)
+            print(
+                f"[{index + 1}/{args.runs}] {tally.engine}: {outcome} ({seconds:.1f}s)", flush=True
+            )
         write_report(tallies, Path(args.out), args.runs, args.epochs)
     return 0 if all(t.aborts == 0 and t.other_failures == 0 for t in tallies) else 1
 

@@ -18,7 +18,13 @@ from toolkit import engines
 ROOT = Path(__file__).resolve().parents[1] / "toolkit"
 NAMES = set(engines.BACKENDS) | set(engines.LAUNCHERS)
 # A backend package may name its own engine (and the launchers it special-cases) freely.
-OWN_PACKAGES = ("backends/ddp", "backends/deepspeed", "backends/horovod", "backends/tf", "backends/mpi")
+OWN_PACKAGES = (
+    "backends/ddp",
+    "backends/deepspeed",
+    "backends/horovod",
+    "backends/tf",
+    "backends/mpi",
+)
 
 
 def _names_in(node: ast.AST) -> set[str]:
@@ -36,7 +42,9 @@ def _branches(path: Path) -> list[str]:
         if isinstance(node, ast.Compare):
             names = set().union(*(_names_in(side) for side in [node.left, *node.comparators]))
             if names:
-                found.append(f"{path.relative_to(ROOT.parent)}:{node.lineno} compares with {sorted(names)}")
+                found.append(
+                    f"{path.relative_to(ROOT.parent)}:{node.lineno} compares with {sorted(names)}"
+                )
     return found
 
 
@@ -47,7 +55,9 @@ def test_no_engine_or_launcher_name_is_branched_on_outside_the_table() -> None:
         if relative == "engines.py" or relative.startswith(OWN_PACKAGES):
             continue
         offenders += _branches(path)
-    assert not offenders, "branch on an engine name outside toolkit/engines.py:\n" + "\n".join(offenders)
+    assert not offenders, "branch on an engine name outside toolkit/engines.py:\n" + "\n".join(
+        offenders
+    )
 
 
 def test_the_check_finds_a_branch(tmp_path: Path) -> None:

@@ -46,12 +46,15 @@ def rank_environment(launcher: str) -> dict[str, str]:
     entry = next(e for e in engines.ENGINES if launcher in e.launchers)
     plan = launch_plan(TrainSpec.from_dict(spec_data(entry, launcher)), ["train.py"], CONTEXT)
     env = plan.ranks[1].env
-    return {name: RUNTIME_VALUES.get(name, "1") if value == RUNTIME else value for name, value in env.items()}
+    return {
+        name: RUNTIME_VALUES.get(name, "1") if value == RUNTIME else value
+        for name, value in env.items()
+    }
 
 
 def cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
     code = main(args)
-    out, err = capsys.readouterr()
+    _, err = capsys.readouterr()
     return code, err.strip()
 
 
@@ -73,7 +76,12 @@ def test_four_judges_agree(
         runtime = (2, error.one_line())
 
     refusal = engines.launcher_refusal(entry.backend, entry.framework, launcher)
-    outcomes = {"spec check": check, "launch --dry-run": dry_run, "config sbatch": sbatch, "init": runtime}
+    outcomes = {
+        "spec check": check,
+        "launch --dry-run": dry_run,
+        "config sbatch": sbatch,
+        "init": runtime,
+    }
     if refusal is None:
         assert all(code == 0 for code, _ in outcomes.values()), outcomes
     else:

@@ -42,7 +42,9 @@ MPI_ENVIRONMENTS: tuple[Environment, ...] = ("openmpi", "mpich")
 
 SELF_LAUNCHER: Launcher = "local"
 """The toolkit's own launcher: it starts each rank itself, on this machine."""
-EXTERNAL_LAUNCHERS: tuple[Launcher, ...] = tuple(name for name in LAUNCHERS if name != SELF_LAUNCHER)
+EXTERNAL_LAUNCHERS: tuple[Launcher, ...] = tuple(
+    name for name in LAUNCHERS if name != SELF_LAUNCHER
+)
 """Launchers that are programs of their own, found on PATH."""
 
 LAUNCHER_ENVIRONMENTS: dict[Launcher, tuple[Environment, ...]] = {
@@ -102,7 +104,9 @@ class Engine:
     @property
     def environments(self) -> frozenset[Environment]:
         """Every environment its ranks may start in."""
-        from_launchers = (env for launcher in self.launchers for env in LAUNCHER_ENVIRONMENTS[launcher])
+        from_launchers = (
+            env for launcher in self.launchers for env in LAUNCHER_ENVIRONMENTS[launcher]
+        )
         return frozenset((*from_launchers, *self.standalone_environments))
 
 
@@ -171,7 +175,7 @@ ENGINES: tuple[Engine, ...] = (
 
 _BY_PAIR: dict[tuple[str, str], Engine] = {(e.backend, e.framework): e for e in ENGINES}
 
-IMPLIED_FRAMEWORK: dict[Backend, Framework] = {}
+IMPLIED_FRAMEWORK: dict[str, Framework] = {}
 """The framework each backend runs when the spec does not name one: its first entry above."""
 for _engine in ENGINES:
     IMPLIED_FRAMEWORK.setdefault(_engine.backend, _engine.framework)
@@ -189,7 +193,7 @@ def frameworks_of(backend: str) -> tuple[Framework, ...]:
 def engine(backend: str, framework: str | None = None) -> Engine:
     """The table entry for a pair; `framework=None` means the backend's implied one."""
     if framework is None and backend in IMPLIED_FRAMEWORK:
-        framework = IMPLIED_FRAMEWORK[backend]  # type: ignore[index]
+        framework = IMPLIED_FRAMEWORK[backend]
     found = _BY_PAIR.get((backend, framework or ""))
     if found is None:
         pairs = ", ".join(e.name for e in ENGINES)

@@ -20,7 +20,9 @@ def _engine(backend: str, framework: str) -> engines.Engine:
     try:
         return engines.engine(backend, framework)
     except engines.UnknownEngine as error:
-        raise ToolkitError(f"unknown engine: {error}.", "change backend or framework in the spec") from None
+        raise ToolkitError(
+            f"unknown engine: {error}.", "change backend or framework in the spec"
+        ) from None
 
 
 def check_environment(backend: str, framework: str, environment: str) -> None:
@@ -30,7 +32,8 @@ def check_environment(backend: str, framework: str, environment: str) -> None:
         launcher = _engine(backend, framework).implied_launcher
         raise ToolkitError(
             f"this process was started by {environment}: {refusal}.",
-            f"start the script with one of those, e.g. `toolkit launch` with launch.launcher: {launcher}",
+            f"start the script with one of those, e.g. `toolkit launch` with "
+            f"launch.launcher: {launcher}",
         )
 
 

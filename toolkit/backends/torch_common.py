@@ -38,7 +38,7 @@ def apply_collective_timeout(timeout: timedelta) -> None:
     groups that way, so a stalled peer hung a ZeRO-2 job for more than 6 minutes although the
     default group's timeout was 300 s. Setting the module default reaches those groups too.
     """
-    dist.distributed_c10d.default_pg_timeout = timeout  # type: ignore[attr-defined]
+    dist.distributed_c10d.default_pg_timeout = timeout
 
 
 @dataclass(frozen=True, kw_only=True)

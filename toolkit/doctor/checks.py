@@ -22,7 +22,9 @@ ENGINES: dict[str, str] = {
     "mpi": "toolkit.backends.mpi.probe",
 }
 # The spec's backend names, accepted as aliases so `doctor --engine ddp` means what it says.
-ALIASES = {entry.backend: entry.package for entry in engines.ENGINES if entry.backend != entry.package}
+ALIASES: dict[str, str] = {
+    entry.backend: entry.package for entry in engines.ENGINES if entry.backend != entry.package
+}
 
 # The launcher each package ships and needs on PATH: its engines' implied launcher (the local
 # launcher is the toolkit itself), and mpirun for MPI.
@@ -34,7 +36,7 @@ REQUIRED_LAUNCHERS: dict[str, tuple[str, ...]] = {
     },
     "mpi": ("mpirun",),
 }
-LAUNCHERS = engines.EXTERNAL_LAUNCHERS
+LAUNCHERS: tuple[str, ...] = engines.EXTERNAL_LAUNCHERS
 REPAIRS = {entry.package: entry.repair for entry in engines.ENGINES if entry.repair}
 # TensorFlow and DeepSpeed import slowly on a loaded 2-core machine.
 PROBE_TIMEOUT_S = 240

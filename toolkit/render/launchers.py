@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from toolkit import engines
 from toolkit.launch.environment import (
     TOOLKIT_LOCAL_RANK,
     TOOLKIT_MASTER_ADDR,
@@ -36,7 +37,6 @@ from toolkit.launch.environment import (
     TOOLKIT_RANK,
     TOOLKIT_WORLD_SIZE,
 )
-from toolkit import engines
 from toolkit.render import horovod
 from toolkit.render.hostfile import hostfile
 from toolkit.render.layout import Slot, job_hosts, rank_layout, uniform_slots

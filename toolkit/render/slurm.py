@@ -127,6 +127,10 @@ def sbatch_script(spec: TrainSpec, command: Sequence[str]) -> str:
         lines += [json.dumps(spec.to_dict()), "TOOLKIT_SPEC"]
     for path, content in launch_plan(spec, list(command), _BATCH_CONTEXT).files.items():
         lines += [f"mkdir -p {shlex.quote(path.rpartition('/')[0] or '.')}"]
-        lines += [f"cat > {shlex.quote(path)} <<'TOOLKIT_FILE'", content.rstrip("\n"), "TOOLKIT_FILE"]
+        lines += [
+            f"cat > {shlex.quote(path)} <<'TOOLKIT_FILE'",
+            content.rstrip("\n"),
+            "TOOLKIT_FILE",
+        ]
     lines += ["", " ".join(_quote(word) for word in argv), ""]
     return "\n".join(lines)

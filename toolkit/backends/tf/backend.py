@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from toolkit.backends.base import Backend, LossFn, MicroBatch
-from toolkit.engines import MPI_ENVIRONMENTS
 from toolkit.backends.tf import common
+from toolkit.engines import MPI_ENVIRONMENTS
 from toolkit.errors import ToolkitError
 from toolkit.render import tf as render_tf
 
