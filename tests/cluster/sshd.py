@@ -91,7 +91,9 @@ Host *
 
 @dataclass(frozen=True)
 class SshCluster:
-    """Hosts reachable by ssh on a private port. How each launcher is pointed at them:
+    """Hosts reachable by ssh on a private port. How each launcher is pointed at them (each
+    seen placing one rank on 127.0.0.2 and one on 127.0.0.3 with Open MPI 4.1.4, Horovod
+    0.28.1, DeepSpeed 0.19.8 and pdsh 2.34; mpirun and pdsh in test_ssh_cluster.py):
 
     - plain ssh: `ssh -F config_file HOST CMD` (`ssh_argv`), or `-p port -i identity_file`
       with `-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o BatchMode=yes`.
@@ -107,7 +109,8 @@ class SshCluster:
     - horovodrun: `-p PORT -i IDENTITY` (`--ssh-port`, `--ssh-identity-file`); it adds
       `-o StrictHostKeyChecking=no` but no UserKnownHostsFile, so without the PATH wrapper it
       records the generated host keys in ~/.ssh/known_hosts. With `--mpi` it hands the same
-      two options to mpirun as `-mca plm_rsh_args`.
+      two options to mpirun as `-mca plm_rsh_args`. With `--gloo` it picks eth0 for Gloo and
+      the rendezvous (192.0.2.x here) unless given `--network-interfaces lo` (then 127.0.0.1).
     - pdsh: `PDSH_RCMD_TYPE=ssh` and `PDSH_SSH_ARGS_APPEND="-F config_file"` (`pdsh_env()`).
     - deepspeed launcher: `--ssh_port PORT` (used for its own ssh check and appended to
       PDSH_SSH_ARGS_APPEND); it has no identity option and its check (`ssh -o
