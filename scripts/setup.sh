@@ -4,6 +4,7 @@
 #
 #   bash scripts/setup.sh            # CPU stack into ./.venv
 #   TOOLKIT_DEVICE=cuda bash scripts/setup.sh
+#   TOOLKIT_TEST_CLUSTER=0 bash scripts/setup.sh   # without the test cluster's packages
 #
 # Steps are named as they run. Re-running is cheap: apt packages already present are skipped,
 # pinned pip packages already installed are no-ops, and Horovod is compiled only once; its wheel
@@ -17,6 +18,9 @@ PYTHON="${PYTHON:-python3}"
 VENV="${TOOLKIT_VENV:-$ROOT/.venv}"
 CACHE="${TOOLKIT_CACHE:-$HOME/.cache/toolkit}"
 LOG_DIR="$CACHE/logs"
+# The test cluster's packages (sshd, Slurm, munge, pdsh) serve tests/cluster; the CUDA image
+# (TOOLKIT_DEVICE=cuda) has no use for Slurm, so they are skipped there unless asked for.
+if [ "$DEVICE" = cuda ]; then TEST_CLUSTER="${TOOLKIT_TEST_CLUSTER:-0}"; else TEST_CLUSTER="${TOOLKIT_TEST_CLUSTER:-1}"; fi
 
 # The known-good pins (shared/STACK.md). The Dockerfile passes its ARGs of the same names;
 # tests/test_pins.py checks that pyproject.toml and the Dockerfile agree with these defaults.
@@ -32,23 +36,37 @@ die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 case "$DEVICE" in cpu|cuda) ;; *) die "TOOLKIT_DEVICE=$DEVICE: allowed values are cpu, cuda" ;; esac
 mkdir -p "$CACHE/wheels" "$LOG_DIR"
 
-step "1/6 system packages (Open MPI, CMake, compilers)"
-APT_PACKAGES=(libopenmpi-dev openmpi-bin cmake g++ make git)
-missing=()
-for pkg in "${APT_PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-done
-if ((${#missing[@]})); then
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+# Install the Debian packages not installed yet; `apt-get update` runs only when one is missing.
+apt_ensure() {
+  local missing=() pkg SUDO=""
+  for pkg in "$@"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
+  if ((${#missing[@]} == 0)); then
+    echo "already installed: $*"
+    return
+  fi
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   echo "installing: ${missing[*]}"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
     "${missing[@]}" >"$LOG_DIR/apt.log" 2>&1 || { tail -n 30 "$LOG_DIR/apt.log" >&2; die "apt-get install failed"; }
+}
+
+step "1/7 system packages (Open MPI, CMake, compilers)"
+apt_ensure libopenmpi-dev openmpi-bin cmake g++ make git
+
+step "2/7 test cluster packages (OpenSSH server, Slurm, munge, pdsh)"
+# tests/cluster starts its own sshd, munged, slurmctld and slurmd with private configurations
+# under a temporary directory; it never uses the system services. On a machine with systemd,
+# installing these packages also enables their system services (sshd on port 22, munge).
+if [ "$TEST_CLUSTER" = 1 ]; then
+  apt_ensure openssh-server openssh-client slurm-wlm slurmctld slurmd munge pdsh
 else
-  echo "already installed: ${APT_PACKAGES[*]}"
+  echo "skipped (TOOLKIT_TEST_CLUSTER=$TEST_CLUSTER): tests/cluster will skip"
 fi
 
-step "2/6 virtual environment at $VENV"
+step "3/7 virtual environment at $VENV"
 if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
@@ -59,26 +77,26 @@ pip_install() {
 }
 echo "python: $("$VENV/bin/python" --version)"
 
-step "3/6 PyTorch $TORCH_VERSION ($DEVICE)"
+step "4/7 PyTorch $TORCH_VERSION ($DEVICE)"
 # Pin exactly: an open range pulls the registry's newest build with several GB of CUDA packages.
 # On Linux the registry's torch 2.13.0 wheel is the CUDA build (what the cluster image wants).
 # On the CPU machines this project develops on, pip's find-links folder holds the CPU wheel
 # (2.13.0+cpu), which pip prefers; no CUDA packages are downloaded.
 pip_install "torch==$TORCH_VERSION"
 
-step "4/6 TensorFlow $TF_VERSION, DeepSpeed $DEEPSPEED_VERSION, mpi4py $MPI4PY_VERSION"
+step "5/7 TensorFlow $TF_VERSION, DeepSpeed $DEEPSPEED_VERSION, mpi4py $MPI4PY_VERSION"
 if [ "$DEVICE" = cpu ]; then TF_PACKAGE="tensorflow-cpu==$TF_VERSION"; else TF_PACKAGE="tensorflow[and-cuda]==$TF_VERSION"; fi
 pip_install "$TF_PACKAGE" "mpi4py==$MPI4PY_VERSION" cloudpickle psutil pyyaml packaging
 # DeepSpeed's setup.py imports torch: without --no-build-isolation pip would fetch another torch
 # into the isolated build environment.
 pip_install --no-build-isolation "deepspeed==$DEEPSPEED_VERSION"
 
-step "5/6 Horovod $HOROVOD_VERSION (PyTorch, TensorFlow, Gloo, MPI)"
+step "6/7 Horovod $HOROVOD_VERSION (PyTorch, TensorFlow, Gloo, MPI)"
 # shellcheck source=scripts/build_horovod.sh
 source "$ROOT/scripts/build_horovod.sh"
 install_horovod
 
-step "6/6 the toolkit itself, with its development tools"
+step "7/7 the toolkit itself, with its development tools"
 pip_install --no-build-isolation -e "$ROOT[dev]"
 
 echo

@@ -6,10 +6,16 @@ host, its slots per pod) or are one pod with np slots. Containers get the toolki
 both as pod env and forwarded by `mpirun -x`. Required by v2beta1: apiVersion, kind,
 metadata.name, spec.slotsPerWorker, spec.runPolicy, spec.mpiImplementation and
 spec.mpiReplicaSpecs.{Launcher,Worker} with replicas and template.spec.containers.
+tests/test_mpijob_schema.py validates the result against the operator's own CRD and checks.
+
+The operator names worker pods (and their services) <job name>-worker-<i> and rejects a job
+unless the last of those names is a DNS-1035 label: a letter first, at most 63 characters. The
+spec's job_name rule (a DNS-1123 label, also used by Slurm) is wider, so it is checked here.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +25,20 @@ from toolkit.render.layout import job_hosts, uniform_slots
 from toolkit.spec import SpecError, TrainSpec
 
 API_VERSION = "kubeflow.org/v2beta1"
+_DNS_1035_LABEL = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def _check_pod_names(spec: TrainSpec, workers: int) -> None:
+    last_pod = f"{spec.launch.job_name}-worker-{workers - 1}"
+    if not _DNS_1035_LABEL.fullmatch(last_pod):
+        raise SpecError.single(
+            "launch.job_name",
+            spec.launch.job_name,
+            f"an MPIJob's pods are named <job_name>-worker-<i> (here up to {last_pod!r}), which "
+            "the MPI operator requires to be DNS-1035 labels: a lower-case letter first, then "
+            "lower-case letters, digits and -, at most 63 characters",
+            hint="start the name with a letter and keep it short",
+        )
 
 
 def mpijob_manifest(spec: TrainSpec, command: Sequence[str]) -> dict[str, Any]:
@@ -40,6 +60,8 @@ def mpijob_manifest(spec: TrainSpec, command: Sequence[str]) -> dict[str, Any]:
         )
     if not command:
         raise SpecError.single("command", [], "must name a script to run")
+    workers = len(job_hosts(spec))
+    _check_pod_names(spec, workers)
     python = spec.launch.python or "python"
     program = [python, *command] if command[0].endswith(".py") else list(command)
     env = base_env(spec)
@@ -75,7 +97,7 @@ def mpijob_manifest(spec: TrainSpec, command: Sequence[str]) -> dict[str, Any]:
                     },
                 ),
                 "Worker": replica(
-                    len(job_hosts(spec)),
+                    workers,
                     {
                         "name": "worker",
                         "image": image,
