@@ -116,12 +116,6 @@ def test_toolkit_sbatch_script_runs_ddp_ranks_under_srun(
         assert env["TOOLKIT_FROM_SPEC"] == "a value with spaces"
 
 
-@pytest.mark.xfail(
-    os.getuid() == 0,
-    reason="toolkit/render/slurm.py writes mpirun without --allow-run-as-root: as root, "
-    "Open MPI refuses to start and the job FAILS",
-    strict=True,
-)
 def test_toolkit_sbatch_script_runs_horovod_ranks_under_mpirun(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:

@@ -121,6 +121,11 @@ def sbatch_script(spec: TrainSpec, command: Sequence[str]) -> str:
     lines.append('MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"')
     lines.append("export MASTER_ADDR")
     lines.append(f"export MASTER_PORT={shlex.quote(str(spec.launch.master_port))}")
+    # Open MPI (mpirun, and horovodrun --mpi under it) refuses to start as root unless told;
+    # who runs the job is only known when it runs.
+    lines.append('if [ "$(id -u)" = 0 ]; then')
+    lines.append("  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
+    lines.append("fi")
     argv = COMMANDS[spec.launcher](spec, list(command))
     if SPEC_COPY in argv:
         lines += ["mkdir -p .toolkit", f"cat > {SPEC_COPY} <<'TOOLKIT_SPEC'"]
