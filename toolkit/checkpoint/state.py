@@ -1,0 +1,50 @@
+"""`CheckpointState`: the whole training state, as plain numpy arrays and JSON values.
+
+Engines translate to and from this; the on-disk format knows nothing about any engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from toolkit.errors import ToolkitError
+
+SLOT_SEPARATOR = "/"
+
+
+@dataclass(kw_only=True)
+class CheckpointState:
+    """Everything a run needs to continue exactly, independent of engine and world size."""
+
+    step: int
+    """Optimizer steps taken."""
+    model: dict[str, np.ndarray]
+    """Full (consolidated) fp32 weights and buffers, by the user's state_dict names."""
+    optimizer: dict[str, np.ndarray] = field(default_factory=dict)
+    """Per-parameter optimizer state as `optimizer_key(slot, param)` -> array of the
+    parameter's full shape, e.g. "exp_avg/fc.weight", "momentum_buffer/fc.weight"."""
+    scalars: dict[str, Any] = field(default_factory=dict)
+    """JSON-able optimizer scalars, e.g. {"step": 120} or per param group values."""
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    """Other arrays, e.g. RNG states ("rng/torch/rank0" -> uint8 array)."""
+    extras: dict[str, Any] = field(default_factory=dict)
+    """JSON-able: schedule position, loss-scaler state, data position (epoch, samples seen),
+    RNG states that are plain ints. Tuples come back as lists, numpy scalars as Python ones."""
+
+
+def optimizer_key(slot: str, param: str) -> str:
+    """The optimizer-section name of `slot` (e.g. "exp_avg") of parameter `param`."""
+    if not slot or SLOT_SEPARATOR in slot:
+        raise ToolkitError(f"optimizer slot {slot!r} must be non-empty and contain no '/'")
+    return f"{slot}{SLOT_SEPARATOR}{param}"
+
+
+def split_optimizer_key(key: str) -> tuple[str, str]:
+    """(slot, param) of an optimizer-section name; the param part may itself contain '/'."""
+    slot, separator, param = key.partition(SLOT_SEPARATOR)
+    if not separator or not slot:
+        raise ToolkitError(f"optimizer tensor {key!r} is not named '<slot>/<parameter>'")
+    return slot, param
