@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit import __version__
-from toolkit.checkpoint.tensorfile import DTYPES, TensorEntry
+from toolkit.checkpoint.tensorfile import DTYPES, TensorEntry, json_failure
 from toolkit.errors import ToolkitError
 
 FORMAT = "toolkit-checkpoint"
@@ -127,7 +127,7 @@ def parse_manifest(raw: bytes, raw_sum: bytes, where: Path) -> Manifest:
     try:
         data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as error:
-        raise ToolkitError(f"{where}: is not JSON ({error.__class__.__name__})") from None
+        raise ToolkitError(f"{where}: is not a JSON manifest ({json_failure(error)})") from None
     check = _Checker(where)
     check.that(isinstance(data, dict) and data.get("format") == FORMAT, "not a toolkit manifest")
     version = data.get("format_version")
@@ -187,7 +187,7 @@ def _record(check: _Checker, item: Any) -> FileRecord:
     return FileRecord(
         path=path,
         section=section,
-        bytes=check.integer(item, "bytes", minimum=8),
+        bytes=check.integer(item, "bytes", minimum=8, within=path),
         sha256=sha,
         tensors=entries,
         rank=rank,
@@ -220,9 +220,12 @@ class _Checker:
                 "the checkpoint is damaged or not a toolkit checkpoint",
             )
 
-    def integer(self, data: dict[str, Any], key: str, *, minimum: int) -> int:
+    def integer(
+        self, data: dict[str, Any], key: str, *, minimum: int, within: str | None = None
+    ) -> int:
         value = data.get(key)
-        self.that(type(value) is int and value >= minimum, f"{key} must be an integer >= {minimum}")
+        what = f"{within}: {key}" if within else key
+        self.that(type(value) is int and value >= minimum, f"{what} must be an integer >= {minimum}")
         return int(value)
 
     def optional_str(self, data: dict[str, Any], key: str) -> str | None:

@@ -103,7 +103,7 @@ def as_storable(name: str, value: Any) -> np.ndarray:
             f"tensor {name!r} has dtype {array.dtype}, which a checkpoint cannot hold",
             "pass numeric numpy arrays (bool, int 8-64, uint 8-64, float 16/32/64)",
         )
-    return np.ascontiguousarray(array, dtype=DTYPES[code])
+    return np.asarray(array, dtype=DTYPES[code], order="C")  # keeps 0-d arrays 0-d
 
 
 def write_tensors(
@@ -201,7 +201,7 @@ def parse_tensors(buffer: bytearray, where: Path) -> tuple[dict[str, np.ndarray]
         text = bytes(buffer[8 : 8 + header_length]).decode("utf-8")
         header = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
     except (UnicodeDecodeError, ValueError, RecursionError) as error:
-        raise bad(f"header is not JSON: {error.__class__.__name__}") from None
+        raise bad(f"header is not JSON: {json_failure(error)}") from None
     if not text.startswith("{") or not isinstance(header, dict):
         raise bad("header is not a JSON object")
     metadata = header.pop(METADATA_KEY, {})
@@ -256,6 +256,15 @@ def _ints(value: Any) -> bool:
     return isinstance(value, list) and all(
         type(item) is int and 0 <= item < 2**63 for item in value
     )
+
+
+def json_failure(error: Exception) -> str:
+    """A short reason why bytes did not decode as JSON."""
+    if isinstance(error, UnicodeDecodeError):
+        return "not UTF-8 text"
+    if isinstance(error, RecursionError):
+        return "nested too deeply"
+    return str(error)[:100]
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
