@@ -64,7 +64,9 @@ def export_weights(checkpoint: Checkpoint, out: str | os.PathLike[str], *, to: s
     weights = checkpoint.tensors("model")
     if not weights:
         raise ToolkitError(f"{checkpoint.path}: holds no model weights to export")
-    unstorable = [name for name in weights if name == METADATA_KEY or name.startswith(ESCAPE_PREFIX)]
+    unstorable = [
+        name for name in weights if name == METADATA_KEY or name.startswith(ESCAPE_PREFIX)
+    ]
     if unstorable and to == "safetensors":
         raise ToolkitError(
             f"weight {unstorable[0]!r} cannot be named so in a plain safetensors file",
@@ -100,4 +102,3 @@ def _torch_save(weights: dict[str, np.ndarray], stream: Any) -> None:
         ) from None
     tensors = {name: torch.from_numpy(np.array(array)) for name, array in weights.items()}
     torch.save(tensors, stream)
-

@@ -18,7 +18,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from toolkit import __version__
 from toolkit.checkpoint.tensorfile import DTYPES, TensorEntry, json_failure
@@ -107,7 +107,7 @@ class Manifest:
             tensors = record.pop("tensors")
             fields = json.dumps(record, indent=1)[1:-2].replace("\n", "\n  ")
             lines = ",\n".join(f"    {json.dumps(entry)}" for entry in tensors)
-            records.append(f"  {{{fields},\n   \"tensors\": [\n{lines}\n   ]\n  }}")
+            records.append(f'  {{{fields},\n   "tensors": [\n{lines}\n   ]\n  }}')
         joined = ",\n".join(records)
         return f'{head[:-2]},\n "files": [\n{joined}\n ]\n}}\n'.encode()
 
@@ -199,7 +199,10 @@ def _tensor(check: _Checker, path: str, entry: Any) -> TensorEntry:
     check.that(isinstance(entry, dict), f"{path}: each tensor must be an object")
     name, dtype, shape = entry.get("name"), entry.get("dtype"), entry.get("shape")
     check.that(isinstance(name, str), f"{path}: a tensor name is not a string")
-    check.that(isinstance(dtype, str) and dtype in DTYPES, f"{path}: tensor {name!r} has unknown dtype {dtype!r}")
+    check.that(
+        isinstance(dtype, str) and dtype in DTYPES,
+        f"{path}: tensor {name!r} has unknown dtype {dtype!r}",
+    )
     check.that(
         isinstance(shape, list) and all(type(n) is int and n >= 0 for n in shape),
         f"{path}: tensor {name!r} has a bad shape",
@@ -215,18 +218,22 @@ class _Checker:
 
     def that(self, condition: bool, what: str) -> None:
         if not condition:
-            raise ToolkitError(
-                f"{self.where}: invalid manifest ({what})",
-                "the checkpoint is damaged or not a toolkit checkpoint",
-            )
+            self.fail(what)
+
+    def fail(self, what: str) -> NoReturn:
+        raise ToolkitError(
+            f"{self.where}: invalid manifest ({what})",
+            "the checkpoint is damaged or not a toolkit checkpoint",
+        )
 
     def integer(
         self, data: dict[str, Any], key: str, *, minimum: int, within: str | None = None
     ) -> int:
         value = data.get(key)
         what = f"{within}: {key}" if within else key
-        self.that(type(value) is int and value >= minimum, f"{what} must be an integer >= {minimum}")
-        return int(value)
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            self.fail(f"{what} must be an integer >= {minimum}")
+        return value
 
     def optional_str(self, data: dict[str, Any], key: str) -> str | None:
         value = data.get(key)

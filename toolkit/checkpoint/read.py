@@ -39,7 +39,9 @@ def latest(root: str | os.PathLike[str]) -> Path | None:
                 f"write the name of an existing step directory into {root / layout.LATEST}",
             )
         return target
-    candidates = [path for _, path in sorted(layout.committed(root).items()) if layout.complete(path)]
+    candidates = [
+        path for _, path in sorted(layout.committed(root).items()) if layout.complete(path)
+    ]
     return candidates[-1] if candidates else None
 
 

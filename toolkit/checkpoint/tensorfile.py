@@ -230,7 +230,7 @@ def parse_tensors(buffer: bytearray, where: Path) -> tuple[dict[str, np.ndarray]
 
 def _span(key: str, value: Any, bad: Callable[[str], ToolkitError]) -> tuple[int, int]:
     offsets = value.get("data_offsets") if isinstance(value, dict) else None
-    if not _ints(offsets) or len(offsets) != 2:
+    if not isinstance(offsets, list) or len(offsets) != 2 or not _ints(offsets):
         raise bad(f"tensor {key!r} needs data_offsets: two non-negative integers")
     return offsets[0], offsets[1]
 
