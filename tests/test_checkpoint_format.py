@@ -8,6 +8,7 @@ import json
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,6 +26,7 @@ from toolkit.checkpoint import (
     split_optimizer_key,
     write_checkpoint,
 )
+from toolkit.checkpoint.fragments import Fragment
 from toolkit.checkpoint.manifest import checksum_line
 from toolkit.checkpoint.tensorfile import DTYPES
 from toolkit.errors import ToolkitError
@@ -174,7 +176,7 @@ def test_the_same_tensor_from_two_ranks_is_refused(tmp_path: Path) -> None:
         pending = begin_save(tmp_path, 1, rank=rank, ranks=2)
         pending.write("optimizer", {"exp_avg/w": np.zeros(2)})
         pending.finish()
-    with pytest.raises(ToolkitError, match="more than one rank"):
+    with pytest.raises(ToolkitError, match="optimizer tensor 'exp_avg/w' is stored more than once"):
         commit_save(tmp_path, 1, ranks=2)
 
 
@@ -272,3 +274,86 @@ def test_numpy_scalars_in_json_state_come_back_as_python_values(tmp_path: Path) 
     write_checkpoint(tmp_path, state)
     loaded = read_checkpoint(tmp_path)
     assert loaded.step == 3 and loaded.extras == {"epoch": 2, "loss_scale": 65536.0, "t": [1, 2]}
+
+
+def zero_partition(tensors: dict[str, np.ndarray], ranks: int) -> list[dict[str, Any]]:
+    """What ZeRO gives each rank: an equal slice of all fp32 tensors flattened end to end, so
+    slices start and end inside tensors. Rank 0 also holds the other tensors whole."""
+    names = sorted(name for name in tensors if tensors[name].dtype == np.float32)
+    flat = np.concatenate([tensors[name].reshape(-1) for name in names])
+    bounds = np.linspace(0, flat.size, ranks + 1).astype(int)
+    starts = np.cumsum([0, *(tensors[name].size for name in names)])
+    held: list[dict[str, Any]] = [{} for _ in range(ranks)]
+    held[0].update({name: tensors[name] for name in tensors if name not in names})
+    for rank in range(ranks):
+        low, high = bounds[rank], bounds[rank + 1]
+        mine = held[rank]
+        for name, start in zip(names, starts, strict=False):
+            begin, end = max(low, start), min(high, start + tensors[name].size)
+            if begin < end:
+                part = flat[begin:end]
+                mine[name] = Fragment(part, int(begin - start), tensors[name].shape)
+    return held
+
+
+def test_zero_partitions_are_written_as_fragments_and_read_whole(tmp_path: Path) -> None:
+    state = make_state()
+    ranks = 3
+    model_parts = zero_partition(state.model, ranks)
+    optimizer_parts = zero_partition(state.optimizer, ranks)
+    assert any(len(parts) > 1 for parts in model_parts)  # some tensor is split across ranks
+    for rank in range(ranks):
+        pending = begin_save(tmp_path, state.step, rank=rank, ranks=ranks)
+        pending.write("model", model_parts[rank])
+        pending.write("optimizer", optimizer_parts[rank])
+        pending.finish()
+    commit_save(tmp_path, state.step, ranks=ranks)
+    loaded = read_checkpoint(tmp_path)
+    assert_same(loaded.model, state.model)
+    assert_same(loaded.optimizer, state.optimizer)
+    checkpoint = open_checkpoint(tmp_path)
+    assert checkpoint.names("model") == sorted(state.model)
+    # Read as 2 ranks: each reads only the names it needs now.
+    mine = sorted(state.optimizer)[::2]
+    assert_same(checkpoint.tensors("optimizer", mine), {n: state.optimizer[n] for n in mine})
+
+
+def test_only_the_files_holding_the_asked_names_are_read(tmp_path: Path) -> None:
+    state = make_state()
+    path = sharded_save(tmp_path, state, ranks=2)
+    names = sorted(state.optimizer)
+    damaged = path / "optimizer-rank1-of-2.safetensors"
+    damaged.write_bytes(damaged.read_bytes()[:-1] + b"\x00")
+    checkpoint = open_checkpoint(path)
+    assert_same(
+        checkpoint.tensors("optimizer", names[0::2]), {n: state.optimizer[n] for n in names[0::2]}
+    )
+    with pytest.raises(ToolkitError, match=r"optimizer-rank1-of-2\.safetensors"):
+        checkpoint.tensors("optimizer", names[1:2])
+
+
+@pytest.mark.parametrize(
+    ("parts", "message"),
+    [
+        ([(0, 4), (5, 12)], "gap or an overlap at element 4"),
+        ([(0, 6), (5, 12)], "gap or an overlap at element 6"),
+        ([(0, 4), (4, 10)], "covering 10 of 12 elements"),
+    ],
+)
+def test_fragments_that_do_not_tile_the_tensor_are_refused(
+    tmp_path: Path, parts: list[tuple[int, int]], message: str
+) -> None:
+    whole = np.arange(12, dtype=np.float32).reshape(3, 4)
+    for rank, (begin, end) in enumerate(parts):
+        pending = begin_save(tmp_path, 1, rank=rank, ranks=len(parts))
+        pending.write("model", {"w": Fragment(whole.reshape(-1)[begin:end], begin, (3, 4))})
+        pending.finish()
+    with pytest.raises(ToolkitError, match=message):
+        commit_save(tmp_path, 1, ranks=len(parts))
+    assert latest(tmp_path) is None
+
+
+def test_a_fragment_that_does_not_fit_its_tensor_is_refused(tmp_path: Path) -> None:
+    pending = begin_save(tmp_path, 1, rank=0, ranks=2)
+    with pytest.raises(ToolkitError, match="does not fit a tensor of shape"):
+        pending.write("model", {"w": Fragment(np.zeros(5), 10, (3, 4))})

@@ -243,6 +243,16 @@ MANIFEST_DAMAGE: dict[str, tuple[Callable[[dict[str, Any]], Any], str]] = {
         "differ from those its manifest lists",
     ),
     "bad rank": (lambda m: m["files"][-1].update(rank=5), "bad rank/ranks"),
+    "bad part": (
+        lambda m: first(m, "model.safetensors")["tensors"][0].update(part="x"),
+        "has a bad part",
+    ),
+    "part of nothing whole": (
+        lambda m: first(m, "model.safetensors")["tensors"][0].update(
+            part={"offset": 3, "of": [8, 8]}
+        ),
+        "gap or an overlap at element 0",
+    ),
 }
 
 
@@ -288,7 +298,7 @@ def test_the_legacy_npz_loader_refuses_damage_clearly(tmp_path: Path) -> None:
     corpus += [single_array.getvalue(), object_array.getvalue()]
     for damaged in corpus:
         bad.write_bytes(damaged)
-        with pytest.raises(ToolkitError, match="bad.npz"):
+        with pytest.raises(ToolkitError, match=r"bad\.npz"):
             load_weights(str(bad))
 
 

@@ -14,7 +14,9 @@ A checkpoint directory (`checkpoint.dir` in the spec) holds committed steps and 
     DIR/step-000200/arrays.safetensors  other arrays (RNG states), whole or sharded alike
 
 Tensors are safetensors (numpy, no pickle anywhere); a section's files are merged by tensor
-name when read, so the partitioning that wrote them does not matter to the reader.
+name when read, and a tensor may be stored in parts (`Fragment`: a rank's slice of the
+flattened tensor, as ZeRO partitions it) that the reader puts back together, so the
+partitioning that wrote a checkpoint never matters to the one that reads it.
 
 For engine integration (the whole API; every error is a ToolkitError):
 
@@ -26,6 +28,8 @@ For engine integration (the whole API; every error is a ToolkitError):
     begin_save(DIR, step, rank=r, ranks=n) -> PendingSave              every rank, then
         .write(section, tensors, whole=False) ; .finish()              its own files,
     commit_save(DIR, step, ranks=n, origin, scalars, extras, keep)     rank 0 after a barrier
+    Fragment(data, offset, shape)           a value for .write: elements [offset, offset +
+                                            data.size) of the flattened tensor of `shape`
 
     latest(DIR) -> Path | None                                         newest complete step
     open_checkpoint(DIR or DIR/step-N) -> Checkpoint                   manifest verified;
@@ -36,6 +40,7 @@ The weights-only .npz of `run.save(path)` (save_weights / load_weights) stays un
 API moves to this format.
 """
 
+from toolkit.checkpoint.fragments import Fragment
 from toolkit.checkpoint.legacy import load_weights, save_weights
 from toolkit.checkpoint.manifest import FORMAT_VERSION, SECTIONS, Manifest, Origin
 from toolkit.checkpoint.read import Checkpoint, latest, open_checkpoint, read_checkpoint
@@ -47,6 +52,7 @@ __all__ = [
     "SECTIONS",
     "Checkpoint",
     "CheckpointState",
+    "Fragment",
     "Manifest",
     "Origin",
     "PendingSave",

@@ -31,15 +31,16 @@ def summary(checkpoint: Checkpoint) -> dict[str, Any]:
     sections = {}
     for section in SECTIONS:
         records = [record for record in manifest.files if record.section == section]
-        entries = [entry for record in records for entry in record.tensors]
         if not records:
             continue
+        index = checkpoint.index(section)
         sections[section] = {
             "files": [record.path for record in records],
-            "tensors": len(entries),
-            "elements": sum(math.prod(entry.shape) for entry in entries),
+            "tensors": len(index),
+            "fragmented": sum(pieces[0][1].part_of is not None for pieces in index.values()),
+            "elements": sum(math.prod(e.shape) for r in records for e in r.tensors),
             "bytes": sum(record.bytes for record in records),
-            "dtypes": dict(sorted(Counter(entry.dtype for entry in entries).items())),
+            "dtypes": dict(sorted(Counter(p[0][1].dtype for p in index.values()).items())),
         }
     return {
         "path": str(checkpoint.path),

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from toolkit import __version__
+from toolkit.checkpoint.fragments import index_tensors
 from toolkit.checkpoint.tensorfile import DTYPES, TensorEntry, json_failure
 from toolkit.errors import ToolkitError
 
@@ -148,6 +149,8 @@ def parse_manifest(raw: bytes, raw_sum: bytes, where: Path) -> Manifest:
     records = tuple(parse_records(data.get("files"), where))
     paths = [record.path for record in records]
     check.that(len(set(paths)) == len(paths), "a file is listed twice")
+    for section in SECTIONS:
+        index_tensors(records, section, where)
     created, toolkit_version = data.get("created"), data.get("toolkit_version")
     check.that(isinstance(created, str) and isinstance(toolkit_version, str), "bad created")
     return Manifest(
@@ -207,7 +210,19 @@ def _tensor(check: _Checker, path: str, entry: Any) -> TensorEntry:
         isinstance(shape, list) and all(type(n) is int and n >= 0 for n in shape),
         f"{path}: tensor {name!r} has a bad shape",
     )
-    return TensorEntry(name, dtype, tuple(shape))
+    part = entry.get("part")
+    if part is None:
+        return TensorEntry(name, dtype, tuple(shape))
+    check.that(isinstance(part, dict), f"{path}: tensor {name!r} has a bad part")
+    offset, whole = part.get("offset"), part.get("of")
+    check.that(
+        type(offset) is int
+        and offset >= 0
+        and isinstance(whole, list)
+        and all(type(n) is int and n >= 0 for n in whole),
+        f"{path}: tensor {name!r} has a bad part (offset and whole shape)",
+    )
+    return TensorEntry(name, dtype, tuple(shape), offset=offset, part_of=tuple(whole))
 
 
 class _Checker:

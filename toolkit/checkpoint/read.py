@@ -18,7 +18,14 @@ from pathlib import Path
 import numpy as np
 
 from toolkit.checkpoint import layout
-from toolkit.checkpoint.manifest import MAX_MANIFEST_BYTES, SECTIONS, Manifest, parse_manifest
+from toolkit.checkpoint.fragments import Pieces, assemble, index_tensors
+from toolkit.checkpoint.manifest import (
+    MAX_MANIFEST_BYTES,
+    SECTIONS,
+    FileRecord,
+    Manifest,
+    parse_manifest,
+)
 from toolkit.checkpoint.state import CheckpointState
 from toolkit.checkpoint.tensorfile import DTYPES, parse_tensors, read_verified
 from toolkit.errors import ToolkitError
@@ -57,39 +64,42 @@ class Checkpoint:
         return self.manifest.step
 
     def names(self, section: str) -> list[str]:
-        return sorted(
-            entry.name
-            for record in self.manifest.files
-            if record.section == _section(section)
-            for entry in record.tensors
-        )
+        return sorted(self.index(section))
+
+    def index(self, section: str) -> dict[str, Pieces]:
+        """Each tensor name of `section` and the (file, entry) pieces it is stored in."""
+        return index_tensors(self.manifest.files, _section(section), self.path)
 
     def tensors(self, section: str, names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
-        """The tensors of `section` (all, or only `names`), merged over the files holding them."""
-        _section(section)
-        wanted = None if names is None else set(names)
-        missing = (wanted or set()) - set(self.names(section))
+        """The tensors of `section` (all, or only `names`), put together from the files that
+        hold them; only those files are read."""
+        index = self.index(section)
+        wanted = sorted(index) if names is None else list(dict.fromkeys(names))
+        missing = [name for name in wanted if name not in index]
         if missing:
-            raise ToolkitError(
-                f"{self.path}: no {section} tensor named {', '.join(sorted(missing)[:5])}"
+            raise ToolkitError(f"{self.path}: no {section} tensor named {', '.join(missing[:5])}")
+        files = {record.path: record for name in wanted for record, _ in index[name]}
+        arrays = {path: self._read(record) for path, record in sorted(files.items())}
+        return {
+            name: assemble(
+                [(entry, arrays[record.path][entry.name]) for record, entry in index[name]]
             )
-        result: dict[str, np.ndarray] = {}
-        for record in self.manifest.files:
-            listed = {entry.name: entry for entry in record.tensors}
-            if record.section != section or (wanted is not None and not wanted & set(listed)):
-                continue
-            where = self.path / record.path
-            buffer = read_verified(where, size=record.bytes, sha256=record.sha256)
-            arrays, _ = parse_tensors(buffer, where)
-            if set(arrays) != set(listed):
-                raise ToolkitError(f"{where}: its tensors differ from those its manifest lists")
-            for name, array in arrays.items():
-                entry = listed[name]
-                if array.shape != entry.shape or array.dtype != DTYPES[entry.dtype]:
-                    raise ToolkitError(f"{where}: tensor {name!r} differs from its manifest entry")
-                if wanted is None or name in wanted:
-                    result[name] = array
-        return result
+            for name in wanted
+        }
+
+    def _read(self, record: FileRecord) -> dict[str, np.ndarray]:
+        """One file's tensors, after its checksum and header have matched the manifest."""
+        where = self.path / record.path
+        buffer = read_verified(where, size=record.bytes, sha256=record.sha256)
+        arrays, _ = parse_tensors(buffer, where)
+        listed = {entry.name: entry for entry in record.tensors}
+        if set(arrays) != set(listed):
+            raise ToolkitError(f"{where}: its tensors differ from those its manifest lists")
+        for name, array in arrays.items():
+            entry = listed[name]
+            if array.shape != entry.shape or array.dtype != DTYPES[entry.dtype]:
+                raise ToolkitError(f"{where}: tensor {name!r} differs from its manifest entry")
+        return arrays
 
     def state(self) -> CheckpointState:
         """Everything, as one `CheckpointState`."""

@@ -63,9 +63,16 @@ class TensorEntry:
     name: str
     dtype: str
     shape: tuple[int, ...]
+    offset: int | None = None
+    """For a fragment: where its elements start in the flattened whole tensor."""
+    part_of: tuple[int, ...] | None = None
+    """For a fragment: the whole tensor's shape (this entry's shape is then 1-D)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+        data: dict[str, Any] = {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+        if self.part_of is not None:
+            data["part"] = {"offset": self.offset, "of": list(self.part_of)}
+        return data
 
 
 @dataclass(frozen=True)

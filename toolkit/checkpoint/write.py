@@ -27,6 +27,7 @@ import json
 import operator
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from toolkit.checkpoint import layout
+from toolkit.checkpoint.fragments import Fragment, index_tensors
 from toolkit.checkpoint.manifest import (
     SECTIONS,
     FileRecord,
@@ -74,9 +76,10 @@ class PendingSave:
         return self.staging / f"rank{self.rank}-of-{self.ranks}.json"
 
     def write(self, section: str, tensors: Mapping[str, Any], *, whole: bool = False) -> None:
-        """Write `tensors` of `section` ("model", "optimizer" or "arrays") that this rank
-        holds. `whole=True` means they are the entire section (one file for every world size).
-        An empty mapping writes nothing."""
+        """Write the tensors of `section` ("model", "optimizer" or "arrays") this rank holds:
+        arrays, or `Fragment`s of tensors partitioned across ranks. `whole=True` means they
+        are the entire section (one file, named the same for every world size). An empty
+        mapping writes nothing."""
         if section not in SECTIONS:
             raise ToolkitError(f"section {section!r} is not one of {', '.join(SECTIONS)}")
         if not tensors:
@@ -86,17 +89,25 @@ class PendingSave:
         path = self.staging / f"{name}.safetensors"
         if any(record.path == path.name for record in self.records):
             raise ToolkitError(f"{path.name} was already written in this save")
+        parts = {name: value for name, value in tensors.items() if isinstance(value, Fragment)}
+        flat = {name: parts[name].flat(name) if name in parts else v for name, v in tensors.items()}
         with open(path, "wb") as stream:
-            written = write_tensors(stream, tensors)
+            written = write_tensors(stream, flat)
             stream.flush()
             os.fsync(stream.fileno())
+        entries = tuple(
+            replace(entry, offset=parts[entry.name].offset, part_of=tuple(parts[entry.name].shape))
+            if entry.name in parts
+            else entry
+            for entry in written.tensors
+        )
         self.records.append(
             FileRecord(
                 path=path.name,
                 section=section,
                 bytes=written.bytes,
                 sha256=written.sha256,
-                tensors=written.tensors,
+                tensors=entries,
                 rank=self.rank if sharded else None,
                 ranks=self.ranks if sharded else None,
             )
@@ -210,10 +221,7 @@ def _gather_records(staging: Path, step: int, ranks: int) -> list[FileRecord]:
     if duplicates:
         raise ToolkitError(f"{', '.join(duplicates)} written by more than one rank in {staging}")
     for section in SECTIONS:
-        names = [t.name for r in records if r.section == section for t in r.tensors]
-        if len(set(names)) != len(names):
-            twice = sorted({name for name in names if names.count(name) > 1})[:5]
-            raise ToolkitError(f"{section} tensors written by more than one rank: {twice}")
+        index_tensors(records, section, staging)
     for record in records:
         size = (staging / record.path).stat().st_size
         if size != record.bytes:

@@ -41,9 +41,10 @@ def _format(report: dict[str, Any]) -> str:
     ]
     for name, section in report["sections"].items():
         dtypes = ", ".join(f"{count} {dtype}" for dtype, count in section["dtypes"].items())
+        fragmented = f" ({section['fragmented']} in parts)" if section["fragmented"] else ""
         lines.append(
-            f"  {name}: {section['tensors']} tensors, {section['elements']:,} elements, "
-            f"{_size(section['bytes'])} in {len(section['files'])} file(s) ({dtypes})"
+            f"  {name}: {section['tensors']} tensors{fragmented}, {section['elements']:,} "
+            f"elements, {_size(section['bytes'])} in {len(section['files'])} file(s) ({dtypes})"
         )
     for key in ("scalars", "extras"):
         if report[key]:
