@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from toolkit.checkpoint import (
     CheckpointState,
@@ -27,7 +29,8 @@ from toolkit.checkpoint import (
     read_checkpoint,
     save_weights,
 )
-from toolkit.checkpoint.manifest import checksum_line
+from toolkit.checkpoint.manifest import checksum_line, parse_manifest
+from toolkit.checkpoint.tensorfile import parse_tensors
 from toolkit.errors import ToolkitError
 from toolkit.spec import TrainSpec
 
@@ -305,3 +308,71 @@ def test_the_legacy_npz_loader_refuses_damage_clearly(tmp_path: Path) -> None:
 def test_the_loader_reads_what_it_wrote(original: Path) -> None:
     state = read_checkpoint(original)
     assert isinstance(state, CheckpointState) and state.step == 3
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+ENTRY = st.fixed_dictionaries(
+    {
+        "dtype": st.sampled_from(["F32", "I64", "U8", "BOOL", "F16", "BF16", "O", 7]),
+        "shape": st.lists(st.integers(-2, 5), max_size=3) | JSON,
+        "data_offsets": st.lists(st.integers(-4, 64), min_size=0, max_size=3) | JSON,
+    }
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    header=st.dictionaries(st.text(max_size=6), ENTRY | JSON, max_size=4),
+    data=st.binary(max_size=96),
+    length_delta=st.sampled_from([0, 0, 0, -1, 1, 2**40]),
+)
+def test_the_safetensors_parser_refuses_any_malformed_file(
+    header: dict[str, Any], data: bytes, length_delta: int
+) -> None:
+    encoded = json.dumps(header).encode()
+    raw = struct.pack("<Q", max(0, len(encoded) + length_delta)) + encoded + data
+    try:
+        tensors, _ = parse_tensors(bytearray(raw), Path("fuzz.safetensors"))
+    except ToolkitError as error:
+        assert "fuzz.safetensors" in str(error)
+        return
+    # Accepted: then the header length and the tensors account for every byte.
+    (header_length,) = struct.unpack_from("<Q", raw)
+    assert 8 + header_length + sum(array.nbytes for array in tensors.values()) == len(raw)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary(max_size=64) | st.builds(lambda d: json.dumps(d).encode(), JSON))
+def test_the_manifest_parser_refuses_anything_but_a_manifest(raw: bytes) -> None:
+    with pytest.raises(ToolkitError, match=r"manifest\.json"):
+        parse_manifest(raw, checksum_line(raw), Path("manifest.json"))
+
+
+@settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.data())
+def test_a_real_manifest_with_any_field_replaced_parses_or_is_refused(
+    original: Path, data: st.DataObject
+) -> None:
+    manifest = json.loads((original / STEP / "manifest.json").read_bytes())
+    target = manifest
+    while True:
+        key = data.draw(
+            st.sampled_from(sorted(target) if isinstance(target, dict) else range(len(target)))
+        )
+        if not isinstance(target[key], dict | list) or not target[key] or data.draw(st.booleans()):
+            break
+        target = target[key]
+    target[key] = data.draw(JSON)
+    raw = json.dumps(manifest).encode()
+    try:
+        parse_manifest(raw, checksum_line(raw), Path("manifest.json"))
+    except ToolkitError as error:
+        assert "manifest.json" in str(error)
