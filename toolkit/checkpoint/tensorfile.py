@@ -153,7 +153,7 @@ def write_tensors(
     return WrittenFile(bytes=8 + len(encoded) + offset, sha256=digest.hexdigest(), tensors=entries)
 
 
-def read_verified(path: Path, *, size: int, sha256: str) -> bytearray:
+def read_verified(path: Path, *, size: int, sha256: str) -> np.ndarray:
     """The whole file, refused unless it has exactly `size` bytes whose sha256 is `sha256`."""
     try:
         with open(path, "rb") as stream:
@@ -163,8 +163,8 @@ def read_verified(path: Path, *, size: int, sha256: str) -> bytearray:
                     f"{path}: has {actual} bytes, its manifest says {size} (truncated or replaced)",
                     "the checkpoint is damaged: load an older one",
                 )
-            buffer = bytearray(size)
-            view = memoryview(buffer)
+            buffer = np.empty(size, dtype=np.uint8)  # unlike bytearray(size), not zeroed first
+            view = buffer.data
             digest = hashlib.sha256()
             done = 0
             while done < size:
@@ -190,8 +190,9 @@ def _file_size(stream: BinaryIO) -> int:
     return size
 
 
-def parse_tensors(buffer: bytearray, where: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """The tensors (by unescaped name) and metadata of a safetensors file held in `buffer`.
+def parse_tensors(buffer: np.ndarray, where: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """The tensors (by unescaped name) and metadata of a safetensors file held in `buffer`
+    (a 1-D uint8 array).
 
     Arrays are views into `buffer`. Anything malformed is a ToolkitError naming `where`.
     """
@@ -201,11 +202,11 @@ def parse_tensors(buffer: bytearray, where: Path) -> tuple[dict[str, np.ndarray]
 
     if len(buffer) < 8:
         raise bad(f"{len(buffer)} bytes, shorter than the 8-byte header length")
-    (header_length,) = struct.unpack_from("<Q", buffer)
+    header_length = int.from_bytes(buffer[:8].tobytes(), "little")
     if header_length > min(MAX_HEADER_BYTES, len(buffer) - 8):
         raise bad(f"header length {header_length} exceeds the file's {len(buffer)} bytes")
     try:
-        text = bytes(buffer[8 : 8 + header_length]).decode("utf-8")
+        text = buffer[8 : 8 + header_length].tobytes().decode("utf-8")
         header = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
     except (UnicodeDecodeError, ValueError, RecursionError) as error:
         raise bad(f"header is not JSON: {json_failure(error)}") from None
