@@ -203,3 +203,39 @@ def test_killed_at_named_points_of_a_two_rank_save(
     assert_no_leftovers(root)
     assert assert_latest_is_complete(root) == 10
     assert len(list(root.glob("step-*"))) == 2
+
+
+FULL_DISK = r"""
+import resource, signal, sys
+import numpy as np
+from toolkit.checkpoint import CheckpointState, write_checkpoint
+from toolkit.errors import ToolkitError
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG instead
+resource.setrlimit(resource.RLIMIT_FSIZE, (1024 * 1024, resource.RLIM_INFINITY))
+model = {f"w{i}": np.full(2**19, 2 + i, np.float32) for i in range(4)}
+state = CheckpointState(step=2, model=model)
+try:
+    write_checkpoint(sys.argv[1], state)
+except ToolkitError as error:
+    print(error)
+"""
+
+
+def test_a_failed_write_is_one_clear_error_and_changes_nothing(tmp_path: Path) -> None:
+    """A real failing write (the file-size limit stands in for a full disk)."""
+    root = tmp_path / "ckpt"
+    write_checkpoint(root, state_for(1, 1000))
+    done = subprocess.run(
+        [sys.executable, "-c", FULL_DISK, str(root)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=TIMEOUT_S,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "cannot write checkpoint file" in done.stdout, done.stdout + done.stderr
+    assert "model.safetensors: File too large" in done.stdout
+    assert assert_latest_is_complete(root) == 1
+    write_checkpoint(root, state_for(3, 1000))
+    assert_no_leftovers(root)

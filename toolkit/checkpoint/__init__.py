@@ -18,7 +18,8 @@ name when read, and a tensor may be stored in parts (`Fragment`: a rank's slice 
 flattened tensor, as ZeRO partitions it) that the reader puts back together, so the
 partitioning that wrote a checkpoint never matters to the one that reads it.
 
-For engine integration (the whole API; every error is a ToolkitError):
+For engine integration (the whole API; bad input, damaged or foreign files and failed
+writes are each one ToolkitError naming the file):
 
     CheckpointState(step, model, optimizer, scalars, arrays, extras)   plain numpy + JSON
     optimizer_key(slot, param) / split_optimizer_key(key)              "exp_avg/fc.weight"

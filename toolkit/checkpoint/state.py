@@ -1,6 +1,17 @@
 """`CheckpointState`: the whole training state, as plain numpy arrays and JSON values.
 
 Engines translate to and from this; the on-disk format knows nothing about any engine.
+Conventions that let a checkpoint move between engines (the format does not enforce them):
+
+- model: the user's state_dict names, full shapes, fp32 for floating weights (buffers keep
+  their dtype, e.g. int64 counters).
+- optimizer: torch's per-parameter state keys are the slot names for every engine:
+  "momentum_buffer" (SGD), "exp_avg" and "exp_avg_sq" (Adam, AdamW), each with the
+  parameter's full shape; a TF engine maps its slots onto these. Per-parameter step counts
+  go in as "step/<param>" 0-d arrays, or as one count in `scalars["step"]`.
+- arrays: RNG states as "rng/<generator>/rank<r>" (e.g. the uint8 torch CPU state).
+- extras: {"schedule": {...}, "loss_scaler": {...}, "data": {"epoch": e, "samples": n}},
+  and RNG states that are plain ints.
 """
 
 from __future__ import annotations

@@ -26,7 +26,8 @@ from __future__ import annotations
 import json
 import operator
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -91,7 +92,7 @@ class PendingSave:
             raise ToolkitError(f"{path.name} was already written in this save")
         parts = {name: value for name, value in tensors.items() if isinstance(value, Fragment)}
         flat = {name: parts[name].flat(name) if name in parts else v for name, v in tensors.items()}
-        with open(path, "wb") as stream:
+        with _writing(path), open(path, "wb") as stream:
             written = write_tensors(stream, flat)
             stream.flush()
             os.fsync(stream.fileno())
@@ -115,12 +116,9 @@ class PendingSave:
 
     def finish(self) -> None:
         """Mark this rank's part complete (after this, the caller's barrier, then commit)."""
-        data = json.dumps([record.to_json() for record in self.records]).encode()
-        with open(self._sidecar, "wb") as stream:
-            stream.write(data)
-            stream.flush()
-            os.fsync(stream.fileno())
-        layout.fsync_dir(self.staging)
+        with _writing(self._sidecar):
+            _write_synced(self._sidecar, json.dumps([r.to_json() for r in self.records]).encode())
+            layout.fsync_dir(self.staging)
 
 
 def begin_save(root: str | os.PathLike[str], step: int, *, rank: int, ranks: int) -> PendingSave:
@@ -150,9 +148,6 @@ def commit_save(
             "every rank calls begin_save(...) and finish() before rank 0 commits",
         )
     records = _gather_records(staging, step, ranks)
-    for entry in staging.iterdir():
-        if entry.name not in {record.path for record in records}:
-            entry.unlink()  # other ranks' sidecars, files of an earlier attempt at this step
     manifest = Manifest(
         step=step,
         origin=origin or Origin(),
@@ -161,23 +156,30 @@ def commit_save(
         extras=_json_copy(extras or {}, "extras"),
         created=datetime.now(UTC).isoformat(timespec="seconds"),
     )
-    raw = manifest.encode()
-    for name, data in ((layout.MANIFEST, raw), (layout.MANIFEST_SUM, checksum_line(raw))):
-        with open(staging / name, "wb") as stream:
-            stream.write(data)
-            stream.flush()
-            os.fsync(stream.fileno())
-    layout.fsync_dir(staging)
+    with _writing(root):
+        for entry in staging.iterdir():
+            if entry.name not in {record.path for record in records}:
+                entry.unlink()  # other ranks' sidecars, files of an earlier attempt at this step
+        raw = manifest.encode()
+        for name, data in ((layout.MANIFEST, raw), (layout.MANIFEST_SUM, checksum_line(raw))):
+            _write_synced(staging / name, data)
+        layout.fsync_dir(staging)
+        target = _publish(root, staging, step)
+        layout.remove_leftovers(root)
+        _rotate(root, keep, target)
+    return target
+
+
+def _publish(root: Path, staging: Path, step: int) -> Path:
+    """Rename the complete staging directory to step-N, then point `latest` at it."""
     target = root / layout.step_name(step)
-    if target.exists():
+    if target.exists():  # saved again: no pointer to it while it is being replaced
         if _pointer_or_none(root) == target.name:
             layout.remove_pointer(root)
         layout.discard(target)
     os.rename(staging, target)
     layout.fsync_dir(root)
     layout.write_pointer(root, target.name)
-    layout.remove_leftovers(root)
-    _rotate(root, keep, target)
     return target
 
 
@@ -265,6 +267,25 @@ def _json_copy(value: Mapping[str, Any], what: str) -> dict[str, Any]:
             "put arrays into CheckpointState.arrays",
         ) from None
     return copy
+
+
+@contextmanager
+def _writing(where: Path) -> Iterator[None]:
+    """A failed write (disk full, permissions) as one ToolkitError naming the file."""
+    try:
+        yield
+    except OSError as error:
+        raise ToolkitError(
+            f"cannot write checkpoint file {error.filename or where}: {error.strerror or error}",
+            "check free space and permissions where checkpoint.dir points",
+        ) from None
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as stream:
+        stream.write(data)
+        stream.flush()
+        os.fsync(stream.fileno())
 
 
 def _as_int(name: str, value: Any, *, minimum: int) -> int:
