@@ -3,7 +3,7 @@
     DIR/latest                      "step-000200": the newest complete checkpoint
     DIR/step-000200/                committed: manifest.json, manifest.json.sha256, *.safetensors
     DIR/.incomplete-step-000300/    a save in progress, or the leftover of one that was killed
-    DIR/.old-step-000100-<pid>/     a checkpoint being deleted or replaced
+    DIR/.old-step-000100-<random>/  a checkpoint being deleted or replaced
     DIR/.latest.<pid>.tmp           a pointer being written
 
 Everything starting with `.incomplete-`, `.old-` or `.latest.` is a leftover once no save is
@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import uuid
 from pathlib import Path
 
 from toolkit.errors import ToolkitError
@@ -112,7 +113,7 @@ def remove_pointer(root: Path) -> None:
 
 def discard(path: Path) -> None:
     """Delete a directory: first renamed out of the committed names (atomic), then removed."""
-    doomed = path.parent / f".old-{path.name}-{os.getpid()}"
+    doomed = path.parent / f".old-{path.name}-{uuid.uuid4().hex[:12]}"
     os.rename(path, doomed)
     fsync_dir(path.parent)
     shutil.rmtree(doomed, ignore_errors=True)
