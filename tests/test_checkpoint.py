@@ -1,7 +1,10 @@
-"""The portable weights format: round trip, atomic replacement, safe and clear loading."""
+"""The weights-only .npz of run.save: round trip, atomic replacement, safe and clear loading,
+the umask, leftovers of killed saves, and a weight named like the metadata key."""
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +12,7 @@ import numpy as np
 import pytest
 
 from toolkit.checkpoint import load_weights, save_weights
+from toolkit.checkpoint.legacy import META_KEY
 from toolkit.errors import ToolkitError
 from toolkit.spec import TrainSpec
 
@@ -56,3 +60,25 @@ def test_files_that_are_not_toolkit_checkpoints_are_refused_clearly(tmp_path: Pa
     np.savez(pickled, a=np.array([{"code": "x"}], dtype=object))
     with pytest.raises(ToolkitError, match="not a readable toolkit checkpoint"):
         load_weights(str(pickled))
+
+
+def test_the_file_mode_follows_the_umask(tmp_path: Path) -> None:
+    old = os.umask(0o027)
+    try:
+        save_weights(str(tmp_path / "w.npz"), {"a": np.zeros(3)}, step=1, spec=SPEC)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "w.npz").stat().st_mode) == 0o640
+
+
+def test_temporary_files_of_killed_saves_are_removed_by_the_next_save(tmp_path: Path) -> None:
+    (tmp_path / ".w.npz.0123abcd.tmp").write_bytes(b"x" * 1000)
+    (tmp_path / ".other.npz.0123abcd.tmp").write_bytes(b"not ours to remove")
+    save_weights(str(tmp_path / "w.npz"), {"a": np.zeros(3)}, step=1, spec=SPEC)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.npz.0123abcd.tmp", "w.npz"]
+
+
+def test_a_weight_named_like_the_metadata_key_is_refused_not_dropped(tmp_path: Path) -> None:
+    with pytest.raises(ToolkitError, match="__toolkit_meta__"):
+        save_weights(str(tmp_path / "w.npz"), {META_KEY: np.zeros(3)}, step=1, spec=SPEC)
+    assert not (tmp_path / "w.npz").exists()

@@ -26,6 +26,7 @@ COMMANDS = {
     "spec": "check, show or import (from a DeepSpeed config) a spec",
     "launch": "start a job under the spec's launcher (or --dry-run to see it)",
     "parity": "prove every engine trains the same model to the same weights",
+    "checkpoint": "inspect a checkpoint, or export its weights for inference",
 }
 USER_ERROR_EXIT = 2
 

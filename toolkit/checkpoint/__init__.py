@@ -1,0 +1,70 @@
+"""Checkpoints: one portable on-disk format for every engine and world size.
+
+A checkpoint directory (`checkpoint.dir` in the spec) holds committed steps and a pointer:
+
+    DIR/latest                          "step-000200"
+    DIR/step-000200/manifest.json       format version, toolkit version, created, step,
+                                        backend, framework, world size, spec, optimizer
+                                        scalars, extras, and per file: section, bytes,
+                                        sha256 and every tensor's name, dtype and shape
+    DIR/step-000200/manifest.json.sha256
+    DIR/step-000200/model.safetensors   full fp32 weights by state_dict name
+    DIR/step-000200/optimizer.safetensors            "<slot>/<param>" tensors, or shards:
+    DIR/step-000200/optimizer-rank{r}-of-{n}.safetensors   each rank the names it owns
+    DIR/step-000200/arrays.safetensors  other arrays (RNG states), whole or sharded alike
+
+Tensors are safetensors (numpy, no pickle anywhere); a section's files are merged by tensor
+name when read, and a tensor may be stored in parts (`Fragment`: a rank's slice of the
+flattened tensor, as ZeRO partitions it) that the reader puts back together, so the
+partitioning that wrote a checkpoint never matters to the one that reads it.
+
+For engine integration (the whole API; bad input, damaged or foreign files and failed
+writes are each one ToolkitError naming the file):
+
+    CheckpointState(step, model, optimizer, scalars, arrays, extras)   plain numpy + JSON
+    optimizer_key(slot, param) / split_optimizer_key(key)              "exp_avg/fc.weight"
+    Origin(backend, framework, world_size, spec)                       who saved it
+
+    write_checkpoint(DIR, state, origin=..., keep=N) -> DIR/step-N     one process has it all
+    begin_save(DIR, step, rank=r, ranks=n) -> PendingSave              every rank, then
+        .write(section, tensors, whole=False) ; .finish()              its own files,
+    commit_save(DIR, step, ranks=n, origin, scalars, extras, keep)     rank 0 after a barrier
+    Fragment(data, offset, shape)           a value for .write: elements [offset, offset +
+                                            data.size) of the flattened tensor of `shape`
+
+    latest(DIR) -> Path | None                                         newest complete step
+    open_checkpoint(DIR or DIR/step-N) -> Checkpoint                   manifest verified;
+        .manifest, .step, .names(section), .tensors(section, names=None), .state()
+    read_checkpoint(DIR or DIR/step-N) -> CheckpointState              all of it
+
+The weights-only .npz of `run.save(path)` (save_weights / load_weights) stays until the run
+API moves to this format.
+"""
+
+from toolkit.checkpoint.fragments import Fragment
+from toolkit.checkpoint.legacy import load_weights, save_weights
+from toolkit.checkpoint.manifest import FORMAT_VERSION, SECTIONS, Manifest, Origin
+from toolkit.checkpoint.read import Checkpoint, latest, open_checkpoint, read_checkpoint
+from toolkit.checkpoint.state import CheckpointState, optimizer_key, split_optimizer_key
+from toolkit.checkpoint.write import PendingSave, begin_save, commit_save, write_checkpoint
+
+__all__ = [
+    "FORMAT_VERSION",
+    "SECTIONS",
+    "Checkpoint",
+    "CheckpointState",
+    "Fragment",
+    "Manifest",
+    "Origin",
+    "PendingSave",
+    "begin_save",
+    "commit_save",
+    "latest",
+    "load_weights",
+    "open_checkpoint",
+    "optimizer_key",
+    "read_checkpoint",
+    "save_weights",
+    "split_optimizer_key",
+    "write_checkpoint",
+]
