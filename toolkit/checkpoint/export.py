@@ -95,11 +95,10 @@ def export_weights(checkpoint: Checkpoint, out: str | os.PathLike[str], *, to: s
 
 def _torch_save(weights: dict[str, np.ndarray], stream: Any) -> None:
     try:
-        import torch
+        from toolkit.backends.torch_files import save_tensors
     except ImportError:
         raise ToolkitError(
             "export --to torch needs PyTorch, which is not installed",
             "pip install 'toolkit[torch]', or export --to safetensors",
         ) from None
-    tensors = {name: torch.from_numpy(np.array(array)) for name, array in weights.items()}
-    torch.save(tensors, stream)
+    save_tensors(weights, stream)
