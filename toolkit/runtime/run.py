@@ -161,21 +161,24 @@ class Run:
             metric_fn = own_loss_metrics
         local: dict[str, float] = {}
         per_epoch = batches.steps_per_epoch if isinstance(batches, Loader) else None
-        with progress(total=per_epoch, desc=desc, enabled=self.is_main, leave=False) as bar:
+        # Inside training the result goes beside the training bar; alone, beside its own.
+        alone = self._bar is None
+        with progress(total=per_epoch, desc=desc, enabled=self.is_main, leave=alone) as bar:
             for group in micro_batch_groups(batches):
                 share = self.backend.eval_sums(group, metric_fn, pairs=pairs)
                 if share:
                     add_metrics(local, share, float)
                 bar.update(1)
-        metrics = Metrics(self.backend.sum_over_ranks(local))
-        if not metrics:
-            raise ToolkitError(
-                "evaluate() saw no micro-batches on any rank",
-                "pass a held-out set of at least one global batch",
-            )
-        self._show(
-            **{f"{desc}_{name}": f"{value:.4g}" for name, value in metrics.summary().items()}
-        )
+            metrics = Metrics(self.backend.sum_over_ranks(local))
+            if not metrics:
+                raise ToolkitError(
+                    "evaluate() saw no micro-batches on any rank",
+                    "pass a held-out set of at least one global batch",
+                )
+            shown = {f"{desc}_{name}": f"{value:.4g}" for name, value in metrics.summary().items()}
+            if alone and self.is_main:
+                bar.set_postfix(shown)
+        self._show(**shown)
         return metrics
 
     def _show(self, **values: str) -> None:
