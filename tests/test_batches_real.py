@@ -9,8 +9,8 @@
 - the pipeline engine trains (features, labels) pairs from a Dataset, evaluates through
   eval_batch, and refuses a dict micro-batch with one clear error.
 - TensorFlow: a Keras model with dict inputs fed by a shuffled tf.data pipeline trains under
-  MultiWorkerMirrored (local launcher) and Horovod TF to the weights of a single-process Keras
-  loop, with the same evaluation sums.
+  MultiWorkerMirrored (local launcher), Horovod TF and MirroredStrategy (one process, two
+  replicas) to the weights of a single-process Keras loop, with the same evaluation sums.
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ ENGINES = {
     "tf_multiworker": "backend: tf\ntf: {port: PORT}\nlaunch: {launcher: local, np: 2}\n",
     "horovod_tf": "backend: horovod\nframework: tensorflow\nhorovod: {controller: gloo}\n"
     "launch: {launcher: horovodrun, np: 2}\n",
+    # one process, two replicas: each micro-batch is split between them
+    "tf_mirrored": "backend: tf\ntf: {local_devices: 2}\nlaunch: {launcher: local, np: 1}\n",
 }
 
 
@@ -93,15 +95,15 @@ def deviation(weights: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -
 
 
 def assert_matches(
-    result: RunOutput, out: Path, expected: tuple[dict, dict], *, exact_keys: bool = True
+    result: RunOutput, out: Path, expected: tuple[dict, dict], *, ranks: int = 2
 ) -> dict[str, Any]:
     assert result.returncode == 0, result.explain()
-    assert sorted(result.digests) == [0, 1], result.explain()
+    assert sorted(result.digests) == list(range(ranks)), result.explain()
     assert len(set(result.digests.values())) == 1, f"ranks differ: {result.digests}"
     weights, report = read(out)
     ref_weights, ref_report = expected
-    if exact_keys:  # the unwrapped model's state_dict keys, in its order
-        assert report["keys"] == report["expected_keys"] == ref_report["keys"]
+    # the unwrapped model's own keys (state_dict() for torch, Keras paths), in its order
+    assert report["keys"] == report["expected_keys"] == ref_report["keys"]
     assert deviation(weights, ref_weights) <= TOLERANCE, result.explain()
     assert np.allclose(report["losses"], ref_report["losses"], rtol=TOLERANCE, atol=0)
     metrics, ref_metrics = report["metrics"], ref_report["metrics"]
@@ -145,11 +147,11 @@ def tf_reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict]:
     return reference(tmp_path_factory.mktemp("tf-reference"), TF_SCRIPT, "dict")
 
 
-@pytest.mark.parametrize("engine", ["tf_multiworker", "horovod_tf"])
+@pytest.mark.parametrize("engine", ["tf_multiworker", "horovod_tf", "tf_mirrored"])
 def test_tf_data_pipeline_with_dict_inputs_trains_like_one_process(
     engine: str, tmp_path: Path, tf_reference: tuple[dict, dict]
 ) -> None:
     out = tmp_path / "out"
     spec = write_spec(tmp_path, engine)
     result = launch(spec, [TF_SCRIPT, "--spec", str(spec), "--out", str(out), "--model", "dict"])
-    assert_matches(result, out, tf_reference)
+    assert_matches(result, out, tf_reference, ranks=1 if engine == "tf_mirrored" else 2)

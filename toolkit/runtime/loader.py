@@ -20,12 +20,10 @@ from typing import Any
 
 import numpy as np
 
+from toolkit.backends.base import MicroBatch
 from toolkit.backends.batches import describe, leaves, map_leaves
 from toolkit.errors import ToolkitError
 from toolkit.sharding import LoaderPlan, steps_per_epoch
-
-Step = list[Any]
-"""One optimizer step's micro-batches for this process (see `toolkit.backends.base.Loader`)."""
 
 
 class ArrayLoader:
@@ -54,17 +52,13 @@ class ArrayLoader:
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def __iter__(self) -> Iterator[Step]:
+    def __iter__(self) -> Iterator[list[MicroBatch]]:
         order = self.plan.epoch_order(self.num_samples, self.epoch)
         for step in range(self.steps):
             yield [
                 map_leaves(lambda array, rows=rows: array[rows], self.data)
                 for rows in self.plan.micro_batches(order, step)
             ]
-
-
-# Kept for code written against the first API.
-ShardedLoader = ArrayLoader
 
 
 def _as_array(leaf: Any) -> np.ndarray:
