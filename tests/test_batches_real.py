@@ -2,7 +2,8 @@
 
 - torch: a model that takes a dict batch and returns its own loss (its output layer tied to its
   embedding, plus an integer buffer), read from a map-style torch Dataset by 2 DataLoader
-  workers per rank, trains under DDP, Horovod and DeepSpeed ZeRO-1 / ZeRO-3 to the weights of a
+  workers per rank, trains under DDP, Horovod and DeepSpeed ZeRO-1 / ZeRO-3 (and ZeRO-3 with
+  parameters and optimizer offloaded to the CPU) to the weights of a
   single-process torch loop (1e-5); evaluation sums equal the single-process sums;
   full_state_dict has the model's own state_dict keys (the tied name included, the integer
   buffer in its dtype) and loads back with strict=True.
@@ -42,6 +43,8 @@ ENGINES = {
     "master_port: PORT}\n",
     "zero3": "backend: deepspeed\nzero: {stage: 3}\nlaunch: {launcher: deepspeed, np: 2, "
     "master_port: PORT}\n",
+    "zero3_offload": "backend: deepspeed\nzero: {stage: 3, offload_optimizer: cpu, "
+    "offload_params: cpu}\nlaunch: {launcher: deepspeed, np: 2, master_port: PORT}\n",
     "pipeline": "backend: deepspeed\npipeline: {stages: 2}\nlaunch: {launcher: deepspeed, "
     "np: 2, master_port: PORT}\n",
     "tf_multiworker": "backend: tf\ntf: {port: PORT}\nlaunch: {launcher: local, np: 2}\n",
@@ -113,7 +116,7 @@ def assert_matches(
     return report
 
 
-@pytest.mark.parametrize("engine", ["ddp", "horovod", "zero1", "zero3"])
+@pytest.mark.parametrize("engine", ["ddp", "horovod", "zero1", "zero3", "zero3_offload"])
 def test_dict_batches_from_a_dataset_with_workers_train_like_one_process(
     engine: str, tmp_path: Path, torch_references: dict[str, tuple[dict, dict]]
 ) -> None:
