@@ -75,13 +75,19 @@ def engine_run(spec: TrainSpec) -> tuple[dict[str, Any], dict, bool]:
     expected_keys = [weight.path for weight in model.weights]
     run.prepare(model)
     train = run.loader(dataset(TRAIN, 1, spec.seed))
-    losses = [run.train_step(batches, loss_fn) for batches in run.steps(train, epochs=EPOCHS)]
-    metrics = run.evaluate(run.loader(dataset(HELD_OUT, 2, None)), metric_fn)
+    held_out = run.loader(dataset(HELD_OUT, 2, None))
+    losses: list[float] = []
+    for batches in run.steps(train, epochs=EPOCHS):
+        losses.append(run.train_step(batches, loss_fn))
+        if len(losses) == train.steps_per_epoch:  # mid-training, beside the progress bar
+            first_epoch = dict(run.evaluate(held_out, metric_fn))
+    metrics = run.evaluate(held_out, metric_fn)
     weights = run.full_state_dict()
     print_json(rank=run.rank, weights_sha256=weights_digest(weights))
     report = {
         "losses": losses,
         "metrics": dict(metrics),
+        "first_epoch": first_epoch,
         "keys": list(weights),
         "expected_keys": expected_keys,
     }
@@ -108,7 +114,13 @@ def reference(spec: TrainSpec) -> tuple[dict[str, Any], dict]:
         decoupled=True,
     )
     train = dataset(TRAIN, 1, spec.seed).batch(spec.batch_for().global_, drop_remainder=True)
-    losses = []
+    held_out = next(iter(dataset(HELD_OUT, 2, None).batch(HELD_OUT)))
+
+    def evaluate() -> dict[str, float]:
+        found = metric_fn(model(held_out[0], training=False), held_out[1])
+        return {name: float(value) for name, value in found.items()}
+
+    losses, evaluations = [], []
     for _ in range(EPOCHS):
         for inputs, labels in train:
             with tf.GradientTape() as tape:
@@ -119,12 +131,12 @@ def reference(spec: TrainSpec) -> tuple[dict[str, Any], dict]:
             ]
             optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
             losses.append(float(loss))
-    inputs, labels = next(iter(dataset(HELD_OUT, 2, None).batch(HELD_OUT)))
-    metrics = metric_fn(model(inputs, training=False), labels)
+        evaluations.append(evaluate())
     weights = {w.path: np.asarray(w, dtype=np.float32) for w in model.weights}
     report = {
         "losses": losses,
-        "metrics": {name: float(value) for name, value in metrics.items()},
+        "metrics": evaluations[-1],
+        "first_epoch": evaluations[0],
         "keys": list(weights),
     }
     return report, weights

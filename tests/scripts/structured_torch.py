@@ -105,14 +105,16 @@ def engine_run(spec: TrainSpec, kind: str, workers: int) -> tuple[dict[str, Any]
     run.prepare(model)
     loss_fn = None if kind == "dict" else F.cross_entropy
     train = run.loader(dataset(kind, arrays(TRAIN, 1)), num_workers=workers)
-    losses = [run.train_step(batches, loss_fn) for batches in run.steps(train, epochs=EPOCHS)]
     held_out = run.loader(dataset(kind, arrays(HELD_OUT, 2)), shuffle=False)
-    if kind == "dict":
-        metrics = run.evaluate(held_out, dict_metrics, pairs=False)
-        own_loss = dict(run.evaluate(held_out, pairs=False))
-    else:
-        metrics = run.evaluate(held_out, pair_metrics)
-        own_loss = {}
+    metric_fn: Any = dict_metrics if kind == "dict" else pair_metrics
+    pairs = kind != "dict"  # the dict model gets the whole batch; metric_fn(outputs, batch)
+    losses: list[float] = []
+    for batches in run.steps(train, epochs=EPOCHS):
+        losses.append(run.train_step(batches, loss_fn))
+        if len(losses) == train.steps_per_epoch:  # mid-training, beside the progress bar
+            first_epoch = dict(run.evaluate(held_out, metric_fn, pairs=pairs))
+    metrics = run.evaluate(held_out, metric_fn, pairs=pairs)
+    own_loss = dict(run.evaluate(held_out, pairs=False)) if kind == "dict" else {}
     weights = run.full_state_dict()
     fresh = build(kind)
     fresh.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()}, strict=True)
@@ -127,6 +129,7 @@ def engine_run(spec: TrainSpec, kind: str, workers: int) -> tuple[dict[str, Any]
     report = {
         "losses": losses,
         "metrics": dict(metrics),
+        "first_epoch": first_epoch,
         "accuracy": metrics.accuracy,
         "own_loss": own_loss,
         "keys": list(weights),
@@ -156,6 +159,19 @@ def reference(spec: TrainSpec, kind: str) -> tuple[dict[str, Any], dict]:
     data = {name: torch.from_numpy(values) for name, values in arrays(TRAIN, 1).items()}
     size = spec.batch_for().global_
     losses = []
+    held_out = {name: torch.from_numpy(values) for name, values in arrays(HELD_OUT, 2).items()}
+
+    def evaluate() -> dict[str, float]:
+        model.eval()
+        with torch.no_grad():
+            if kind == "dict":
+                found = dict_metrics(model(**held_out), held_out)
+            else:
+                found = pair_metrics(model(held_out["features"]), held_out["labels"])
+        model.train()
+        return {name: float(value) for name, value in found.items()}
+
+    evaluations = []
     for epoch in range(EPOCHS):
         order = epoch_order(TRAIN, seed=spec.seed, epoch=epoch, shuffle=True)
         for step in range(TRAIN // size):
@@ -169,17 +185,12 @@ def reference(spec: TrainSpec, kind: str) -> tuple[dict[str, Any], dict]:
             loss.backward()
             optimizer.step()
             losses.append(float(loss.detach()))
-    model.eval()
-    held_out = {name: torch.from_numpy(values) for name, values in arrays(HELD_OUT, 2).items()}
-    with torch.no_grad():
-        if kind == "dict":
-            metrics = dict_metrics(model(**held_out), held_out)
-        else:
-            metrics = pair_metrics(model(held_out["features"]), held_out["labels"])
+        evaluations.append(evaluate())
     weights = {name: t.detach().numpy().copy() for name, t in model.state_dict().items()}
     report = {
         "losses": losses,
-        "metrics": {name: float(value) for name, value in metrics.items()},
+        "metrics": evaluations[-1],
+        "first_epoch": evaluations[0],
         "keys": list(weights),
     }
     return report, weights

@@ -162,7 +162,7 @@ class DeepSpeedBackend(common.TorchCollectives, TorchData, Backend):
             if isinstance(tensor, torch.nn.Parameter):
                 if id(tensor) not in seen:
                     seen[id(tensor)] = self._full_parameter(tensor)
-                state[name] = seen[id(tensor)]
+                state[name] = seen[id(tensor)].copy()  # tied names: equal, not one array
             else:
                 state[name] = common.portable(tensor)
         if self.uses_pipeline:
