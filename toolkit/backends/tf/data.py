@@ -9,8 +9,8 @@ size. Shuffle inside the dataset, seeded, e.g. `dataset.shuffle(buffer, seed=spe
 a seed, tf.data gives the same order on every rank, and a new one every epoch
 (reshuffle_each_iteration). That order depends on TF's global seed as well, which
 `toolkit.init` sets to spec.seed: a single-process comparison must set it too
-(`keras.utils.set_random_seed(spec.seed)`) before building its dataset. Elements must have one shape to be batched; pad variable-length
-samples in the dataset.
+(`keras.utils.set_random_seed(spec.seed)`) before building its dataset. Elements must have
+one shape to be batched; pad variable-length samples in the dataset.
 """
 
 from __future__ import annotations
