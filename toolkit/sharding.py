@@ -12,15 +12,26 @@ Every engine averages the loss over equally sized micro-batches and ranks, so an
 the G samples gives the same gradient as one batch of G: that is what makes parity checkable.
 A trailing partial global batch is dropped, as `drop_last=True` does, because a smaller last
 step would weigh its samples differently on different engines.
+
+Data that can be indexed (arrays, a torch map-style Dataset) is permuted as above. A stream (a
+torch IterableDataset, a tf.data.Dataset) cannot be: its own order is the epoch order, read in
+consecutive global batches of G samples, each cut the same way. Every rank reads the whole
+stream and keeps its share, which is what keeps the global batches independent of the world
+size; the toolkit adds no shuffle to a stream (shuffle it in the dataset, seeded).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import islice
+from typing import TypeVar
 
 import numpy as np
 
 from toolkit.errors import ToolkitError
+
+Sample = TypeVar("Sample")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,3 +76,57 @@ def micro_batch_indices(
     step_indices = order[step * size : (step + 1) * size]
     grid = step_indices.reshape(layout.accumulation, layout.dp_size, layout.micro)
     return [grid[a, dp_rank] for a in range(layout.accumulation)]
+
+
+def process_micro_batches(
+    order: np.ndarray, layout: StepLayout, *, step: int, dp_ranks: Sequence[int]
+) -> list[np.ndarray]:
+    """This process's `accumulation` index arrays at `step`: the shards of the data-parallel
+    replicas it holds, concatenated in replica order (one replica, except MirroredStrategy)."""
+    per_replica = [micro_batch_indices(order, layout, step=step, dp_rank=r) for r in dp_ranks]
+    return [
+        np.concatenate([shards[a] for shards in per_replica]) for a in range(layout.accumulation)
+    ]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoaderPlan:
+    """Everything a loader needs to cut this process's share of every global batch."""
+
+    layout: StepLayout
+    dp_ranks: tuple[int, ...]
+    """The data-parallel replicas this process holds, in order."""
+    seed: int
+    shuffle: bool | None
+    """None: shuffle what can be indexed (arrays, map-style datasets); leave streams as they are."""
+
+    def micro_batches(self, order: np.ndarray, step: int) -> list[np.ndarray]:
+        return process_micro_batches(order, self.layout, step=step, dp_ranks=self.dp_ranks)
+
+    def epoch_order(self, num_samples: int, epoch: int) -> np.ndarray:
+        return epoch_order(
+            num_samples, seed=self.seed, epoch=epoch, shuffle=self.shuffle is not False
+        )
+
+    def check_stream(self, what: str) -> None:
+        """A stream has no random access: asking the toolkit to shuffle it is an error."""
+        if self.shuffle:
+            raise ToolkitError(
+                f"shuffle=True for {what}: a stream cannot be shuffled by the toolkit (no random "
+                "access); its own order is the sample order",
+                "shuffle inside the dataset with a fixed seed (tf.data: "
+                "dataset.shuffle(buffer, seed=spec.seed)), or pass a map-style dataset",
+            )
+
+
+def stream_steps(
+    samples: Iterable[Sample], layout: StepLayout, *, dp_ranks: Sequence[int]
+) -> Iterator[list[list[Sample]]]:
+    """A stream's steps: consecutive global batches of G samples, each cut like an indexed
+    global batch; per step, this process's `accumulation` lists of samples. A trailing partial
+    global batch is dropped."""
+    size = layout.global_batch
+    cut = process_micro_batches(np.arange(size), layout, step=0, dp_ranks=dp_ranks)
+    stream = iter(samples)
+    while len(chunk := list(islice(stream, size))) == size:
+        yield [[chunk[i] for i in indices] for indices in cut]

@@ -6,31 +6,61 @@ accumulation, collectives, and the consolidated fp32 weights. `toolkit.runtime.R
 user-facing object and delegates to it.
 
 Conventions shared by every backend:
-- A micro-batch is `(inputs, targets)`; `loss_fn(outputs, targets)` returns the mean loss of
-  that micro-batch. The gradient of a step is the mean over the step's micro-batches and the
-  data-parallel ranks (each engine's averaging, made explicit), which equals the gradient of one
-  batch of the global size.
+- A micro-batch is a tree of arrays or tensors of any structure (`toolkit.backends.batches`).
+  With a `loss_fn`, it is an `(inputs, targets)` pair and `loss_fn(model(inputs), targets)`
+  returns the mean loss of that micro-batch. Without one (`loss_fn=None`) the model gets the
+  whole micro-batch and returns its own loss (a scalar tensor, or an object or dict with a
+  `loss`, as Hugging Face models do). How the model is called: torch models take a dict as
+  keyword arguments, a tuple or list as positional arguments and anything else as the one
+  argument; Keras models take the structure as their one `inputs` argument (Keras' own rule).
+- The gradient of a step is the mean over the step's micro-batches and the data-parallel ranks
+  (each engine's averaging, made explicit), which equals the gradient of one batch of the
+  global size when every micro-batch's loss is a mean over equally weighted samples.
 - `train_step` returns the mean loss over the whole global batch (all ranks), as a float, so
   that per-step losses can be compared across engines.
-- `full_state_dict` returns every parameter as a float32 numpy array under the name it has in
-  the user's unwrapped model, identical on every rank.
+- `eval_sums` runs the model without gradients over micro-batches and returns this process's
+  share of each metric as a sum; `sum_over_ranks` adds the shares of every rank. Metrics are
+  sums and counts, never means, so that no mean of means weighs ranks or batches wrongly.
+- `full_state_dict` has exactly the keys of the user's unwrapped model's `state_dict()` (tied
+  and shared parameters under every name they have there): floating tensors as float32 numpy
+  arrays, other tensors (integer buffers such as BatchNorm's `num_batches_tracked`) in their
+  own dtype, identical on every rank, so `model.load_state_dict(..., strict=True)` takes it.
 """
 
 from __future__ import annotations
 
+import zlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from toolkit.errors import ToolkitError
 from toolkit.launch.environment import LaunchEnvironment
+from toolkit.sharding import LoaderPlan
 from toolkit.spec import TrainSpec
 
-MicroBatch = tuple[Any, Any]
+MicroBatch = Any
+"""Any structure; an `(inputs, targets)` pair when a loss_fn or a paired metric_fn is given."""
 LossFn = Callable[[Any, Any], Any]
+MetricFn = Callable[[Any, Any], Mapping[str, Any]]
+"""(outputs, targets) -> {name: the micro-batch's sum}, e.g. loss_sum, correct, count."""
 ReduceOp = str  # "mean" | "sum"
+
+
+@runtime_checkable
+class Loader(Protocol):
+    """What `run.steps` and `run.evaluate` iterate: steps of micro-batches, epoch by epoch."""
+
+    def set_epoch(self, epoch: int) -> None: ...
+
+    def __iter__(self) -> Iterator[list[MicroBatch]]: ...
+
+    @property
+    def steps_per_epoch(self) -> int | None:
+        """Steps in one epoch; None for a stream, whose length is known when it ends."""
 
 
 class Backend(ABC):
@@ -66,12 +96,52 @@ class Backend(ABC):
         """Wrap the model for the engine; build the optimizer from the spec unless given."""
 
     @abstractmethod
-    def train_step(self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn) -> float:
+    def train_step(self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn | None) -> float:
         """Forward, backward and accumulate every micro-batch, then one optimizer step."""
 
     @abstractmethod
+    def eval_sums(
+        self, micro_batches: Sequence[MicroBatch], metric_fn: MetricFn, *, pairs: bool
+    ) -> dict[str, float]:
+        """No-gradient forward over micro-batches; this process's share of each metric's sum.
+
+        Every rank must pass the same number of micro-batches (ZeRO-3 and the pipeline engine
+        run collectives inside the forward). `pairs`: the micro-batches are (inputs, targets)
+        and metric_fn gets (outputs, targets); otherwise the model gets the whole micro-batch
+        and metric_fn gets (outputs, micro_batch).
+        """
+
+    def sum_over_ranks(self, local: Mapping[str, float]) -> dict[str, float]:
+        """Each metric summed over all ranks, in float64.
+
+        Every rank must report the same names. A checksum of the names is summed first, in a
+        fixed-size collective, so that a mismatch is an error on every rank, never misaligned
+        sums or a collective of mismatched sizes.
+        """
+        names = sorted(local)
+        checksum = float(zlib.crc32("\x00".join(names).encode()))
+        agreed = np.asarray(self.allreduce(np.array([checksum]), op="sum"), dtype=np.float64)
+        if float(agreed[0]) != checksum * self.env.world_size:
+            raise ToolkitError(
+                f"ranks reported different metric names (this rank: {names})",
+                "return the same keys from metric_fn on every rank, and give every rank the "
+                "same number of evaluation micro-batches",
+            )
+        if not names:
+            return {}
+        values = np.array([float(local[name]) for name in names], dtype=np.float64)
+        total = np.asarray(self.allreduce(values, op="sum"), dtype=np.float64)
+        return {name: float(value) for name, value in zip(names, total, strict=True)}
+
+    # -- data ---------------------------------------------------------------------------------
+    def make_loader(self, data: Any, plan: LoaderPlan, options: dict[str, Any]) -> Loader | None:
+        """A loader for the engine's own dataset types (torch datasets, tf.data), else None:
+        the runtime then reads `data` as in-memory arrays."""
+        return None
+
+    @abstractmethod
     def full_state_dict(self) -> dict[str, np.ndarray]:
-        """The consolidated fp32 weights, identical on every rank."""
+        """The consolidated weights under the unwrapped model's names, identical on every rank."""
 
     def shutdown(self) -> None:  # noqa: B027 - optional hook, most engines need nothing
         """Release the engine's resources; safe to call twice."""
@@ -92,3 +162,23 @@ class Backend(ABC):
     @abstractmethod
     def barrier(self) -> None:
         """Wait for every rank."""
+
+
+def add_metrics(
+    totals: dict[str, float], metrics: Mapping[str, Any], to_float: Callable[[Any], float]
+) -> None:
+    """Add one micro-batch's metrics into `totals`; a value that is not a scalar (per-sample
+    values, say) adds its sum."""
+    if not isinstance(metrics, Mapping) or not metrics:
+        raise ToolkitError(
+            f"metric_fn returned {type(metrics).__name__}; it must return a non-empty dict of "
+            "sums, e.g. {'loss_sum': ..., 'correct': ..., 'count': ...}",
+            "return sums and counts, not means: the toolkit adds them over batches and ranks",
+        )
+    if totals and set(totals) != set(metrics):
+        raise ToolkitError(
+            f"metric_fn returned keys {sorted(metrics)} after {sorted(totals)}",
+            "return the same keys for every micro-batch",
+        )
+    for name, value in metrics.items():
+        totals[str(name)] = totals.get(str(name), 0.0) + to_float(value)

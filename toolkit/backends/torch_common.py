@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import gc
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
@@ -17,7 +17,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from toolkit.backends.base import MicroBatch
 from toolkit.engines import MPI_ENVIRONMENTS
 from toolkit.errors import ToolkitError
 from toolkit.launch.environment import LaunchEnvironment
@@ -147,23 +146,23 @@ def to_tensor(value: Any) -> torch.Tensor:
     return value if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value))
 
 
-def as_tensors(micro_batches: Sequence[MicroBatch]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    for inputs, targets in micro_batches:
-        yield to_tensor(inputs), to_tensor(targets)
-
-
 def to_numpy(tensor: torch.Tensor) -> np.ndarray:
     """A float32 numpy copy, detached from autograd and from the tensor's storage."""
     return tensor.detach().float().cpu().numpy().copy()
 
 
+def portable(tensor: torch.Tensor) -> np.ndarray:
+    """The portable weights format of one state-dict entry: a floating tensor as float32 (the
+    fp32 weights whatever the training precision), any other (an integer buffer such as
+    BatchNorm's num_batches_tracked, a bool mask) in its own dtype, so that it loads back."""
+    if tensor.is_floating_point():
+        return to_numpy(tensor)
+    return tensor.detach().cpu().numpy().copy()
+
+
 def numpy_state(module: torch.nn.Module) -> dict[str, np.ndarray]:
-    """Parameters and buffers as float32 numpy copies (the portable weights format)."""
-    return {
-        name: to_numpy(tensor)
-        for name, tensor in module.state_dict().items()
-        if tensor.is_floating_point()
-    }
+    """Every state_dict() entry (tied parameters under each of their names) in portable form."""
+    return {name: portable(tensor) for name, tensor in module.state_dict().items()}
 
 
 def require_module(model: Any) -> torch.nn.Module:

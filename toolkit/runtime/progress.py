@@ -7,7 +7,8 @@ import sys
 from tqdm import tqdm
 
 
-def progress(*, total: int, desc: str, enabled: bool) -> tqdm:
+def progress(*, total: int | None, desc: str, enabled: bool, leave: bool = True) -> tqdm:
+    """`total` None: a stream, whose number of steps is known when it ends."""
     return tqdm(
         total=total,
         desc=desc,
@@ -15,4 +16,5 @@ def progress(*, total: int, desc: str, enabled: bool) -> tqdm:
         dynamic_ncols=True,
         mininterval=0.5,
         disable=not enabled,
+        leave=leave,
     )

@@ -4,7 +4,12 @@
     model = run.prepare(model)
     for micro_batches in run.steps(run.loader((x, y)), epochs=3):
         loss = run.train_step(micro_batches, loss_fn)
+    metrics = run.evaluate(run.loader((x_test, y_test), shuffle=False), metric_fn)
     weights = run.full_state_dict()
+
+`run.loader` also takes a dict (or any nesting) of arrays, a torch Dataset or IterableDataset
+(torch engines, DataLoader workers allowed) and a tf.data.Dataset (TF engines); a model that
+computes its own loss from the whole micro-batch trains with `run.train_step(micro_batches)`.
 
 No engine is imported here: `init` detects the launcher, refuses a launcher the backend cannot
 run under, then loads the backend class from the registry.
@@ -15,18 +20,20 @@ from __future__ import annotations
 import os
 import random
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
 import numpy as np
 
-from toolkit.backends.base import Backend, LossFn, MicroBatch
+from toolkit.backends.base import Backend, Loader, LossFn, MetricFn, MicroBatch, add_metrics
 from toolkit.backends.registry import check_environment, load_backend_class
+from toolkit.errors import ToolkitError
 from toolkit.launch.environment import LaunchEnvironment, detect_environment
-from toolkit.runtime.loader import Arrays, ShardedLoader
+from toolkit.runtime.evaluation import Metrics, micro_batch_groups, own_loss_metrics
+from toolkit.runtime.loader import ArrayLoader, refuse_unusable
 from toolkit.runtime.progress import progress
-from toolkit.sharding import StepLayout
+from toolkit.sharding import LoaderPlan, StepLayout
 from toolkit.spec import TrainSpec
 
 
@@ -36,6 +43,8 @@ class Run:
         self.env = env
         self.backend = backend
         self.step = 0
+        self._bar: Any = None  # the training progress bar while run.steps() runs
+        self._postfix: dict[str, str] = {}
 
     # -- where this process stands ------------------------------------------------------------
     @property
@@ -70,33 +79,113 @@ class Run:
         batch = self.spec.batch_for(self.env.world_size)
         return StepLayout(micro=batch.micro, accumulation=batch.accumulation, dp_size=batch.dp)
 
-    def loader(self, arrays: Arrays, *, shuffle: bool = True) -> ShardedLoader:
+    def loader(self, data: Any, *, shuffle: bool | None = None, **options: Any) -> Loader:
+        """This process's share of every global batch of `data`, step by step.
+
+        `data`: arrays of any structure, a torch Dataset / IterableDataset (torch engines; options
+        such as num_workers= and collate_fn= go to the DataLoader) or a tf.data.Dataset (TF
+        engines); see toolkit.runtime.loader. `shuffle`: None shuffles what can be indexed
+        (a permutation of seed and epoch) and leaves a stream's order as it is; False keeps
+        the order (evaluation).
+        """
         replicas = self.backend.replicas_per_process
         first = self.backend.dp_rank * replicas
-        return ShardedLoader(
-            arrays,
-            self.layout(),
-            dp_ranks=range(first, first + replicas),
+        plan = LoaderPlan(
+            layout=self.layout(),
+            dp_ranks=tuple(range(first, first + replicas)),
             seed=self.spec.seed,
             shuffle=shuffle,
         )
+        made = self.backend.make_loader(data, plan, options)
+        if made is not None:
+            return made
+        refuse_unusable(data, self.spec.framework_name, options)
+        return ArrayLoader(data, plan)
 
     def steps(
-        self, loader: ShardedLoader, *, epochs: int = 1, desc: str = "train"
-    ) -> Iterator[list[tuple[Any, ...]]]:
-        """Every step's micro-batches for `epochs` epochs, with a progress bar on rank 0."""
-        with progress(total=epochs * len(loader), desc=desc, enabled=self.is_main) as bar:
-            for epoch in range(epochs):
-                loader.set_epoch(epoch)
-                for micro_batches in loader:
-                    yield micro_batches
-                    bar.update(1)
+        self, loader: Loader, *, epochs: int = 1, desc: str = "train"
+    ) -> Iterator[list[MicroBatch]]:
+        """Every step's micro-batches for `epochs` epochs, with a progress bar on rank 0; the
+        bar shows the last step's loss and the last evaluation beside it."""
+        per_epoch = loader.steps_per_epoch
+        total = None if per_epoch is None else epochs * per_epoch
+        with progress(total=total, desc=desc, enabled=self.is_main) as bar:
+            self._bar = bar
+            try:
+                for epoch in range(epochs):
+                    loader.set_epoch(epoch)
+                    for micro_batches in loader:
+                        yield micro_batches
+                        bar.update(1)
+            finally:
+                self._bar = None
 
-    def train_step(self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn) -> float:
-        """One optimizer step over this process's micro-batches; the global mean loss."""
+    def train_step(
+        self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn | None = None
+    ) -> float:
+        """One optimizer step over this process's micro-batches; the global mean loss.
+
+        With `loss_fn`, each micro-batch is (inputs, targets) and the loss is
+        loss_fn(model(inputs), targets); without one, the model gets the whole micro-batch (a
+        dict as keyword arguments under torch) and returns its own loss, or an object with
+        `.loss` (Hugging Face models).
+        """
         loss = self.backend.train_step(micro_batches, loss_fn)
         self.step += 1
+        self._show(loss=f"{loss:.4g}")
         return loss
+
+    def evaluate(
+        self,
+        batches: Loader | Iterable[MicroBatch],
+        metric_fn: MetricFn | None = None,
+        *,
+        pairs: bool = True,
+        desc: str = "eval",
+    ) -> Metrics:
+        """A no-gradient pass over `batches`; each metric summed over micro-batches and ranks.
+
+        `batches`: a loader from run.loader(..., shuffle=False), or any iterable of this
+        process's micro-batches (every rank must give the same number). `metric_fn(outputs,
+        targets)` returns the micro-batch's sums (toolkit.runtime.evaluation). `pairs=False`:
+        the model gets the whole micro-batch and metric_fn gets (outputs, micro_batch); without
+        a metric_fn it then sums the model's own loss weighed by samples ("loss_sum", "count").
+        """
+        if metric_fn is None:
+            if pairs:
+                raise ToolkitError(
+                    "evaluate() needs a metric_fn for (inputs, targets) micro-batches",
+                    "pass metric_fn=lambda outputs, targets: {'loss_sum': ..., 'count': ...}, "
+                    "or pairs=False for a model that returns its own loss",
+                )
+            metric_fn = own_loss_metrics
+        local: dict[str, float] = {}
+        per_epoch = batches.steps_per_epoch if isinstance(batches, Loader) else None
+        # Inside training the result goes beside the training bar; alone, beside its own.
+        alone = self._bar is None
+        with progress(total=per_epoch, desc=desc, enabled=self.is_main, leave=alone) as bar:
+            for group in micro_batch_groups(batches):
+                share = self.backend.eval_sums(group, metric_fn, pairs=pairs)
+                if share:
+                    add_metrics(local, share, float)
+                bar.update(1)
+            metrics = Metrics(self.backend.sum_over_ranks(local))
+            if not metrics:
+                raise ToolkitError(
+                    "evaluate() saw no micro-batches on any rank",
+                    "pass a held-out set of at least one global batch",
+                )
+            shown = {f"{desc}_{name}": f"{value:.4g}" for name, value in metrics.summary().items()}
+            if alone and self.is_main:
+                bar.set_postfix(shown)
+        self._show(**shown)
+        return metrics
+
+    def _show(self, **values: str) -> None:
+        """Beside the training progress bar on rank 0 (tqdm's postfix)."""
+        self._postfix.update(values)
+        if self._bar is not None and self.is_main:
+            self._bar.set_postfix(self._postfix, refresh=False)
 
     def full_state_dict(self) -> dict[str, np.ndarray]:
         return self.backend.full_state_dict()

@@ -3,6 +3,9 @@
 Accumulation uses DDP's own `no_sync()`: gradients of all but the last micro-batch stay local,
 and the last backward all-reduces the sum. Each micro-batch's loss is divided by the number of
 micro-batches, and DDP averages over ranks, so the step's gradient is the global-batch mean.
+
+Evaluation runs the unwrapped module: DDP's own forward would broadcast buffers, a collective
+that evaluation does not need.
 """
 
 from __future__ import annotations
@@ -16,11 +19,13 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from toolkit.backends import torch_batches as batches
 from toolkit.backends import torch_common as common
-from toolkit.backends.base import Backend, LossFn, MicroBatch
+from toolkit.backends.base import Backend, LossFn, MetricFn, MicroBatch
+from toolkit.backends.torch_data import TorchData
 
 
-class DDPBackend(common.TorchCollectives, Backend):
+class DDPBackend(common.TorchCollectives, TorchData, Backend):
     model: DistributedDataParallel
     optimizer: torch.optim.Optimizer
 
@@ -46,15 +51,15 @@ class DDPBackend(common.TorchCollectives, Backend):
         self.optimizer = optimizer or common.build_optimizer(self.model.parameters(), self.spec, lr)
         return self.model
 
-    def train_step(self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn) -> float:
+    def train_step(self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn | None) -> float:
         self.optimizer.zero_grad(set_to_none=True)
         count = len(micro_batches)
         total = torch.zeros((), dtype=torch.float64)
-        for index, (inputs, targets) in enumerate(common.as_tensors(micro_batches)):
+        for index, batch in enumerate(micro_batches):
             sync = nullcontext() if index == count - 1 else self.model.no_sync()
             with sync:
                 with common.autocast(self.spec):
-                    loss = loss_fn(self.model(inputs), targets)
+                    loss = batches.micro_batch_loss(self.model, batch, loss_fn)
                 scaled = loss / count
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             total += loss.detach().double()
@@ -71,6 +76,17 @@ class DDPBackend(common.TorchCollectives, Backend):
             self.scaler.update()
         else:
             self.optimizer.step()
+
+    def eval_sums(
+        self, micro_batches: Sequence[MicroBatch], metric_fn: MetricFn, *, pairs: bool
+    ) -> dict[str, float]:
+        return batches.evaluate_module(
+            self.model.module,
+            micro_batches,
+            metric_fn,
+            pairs=pairs,
+            precision=common.autocast(self.spec),
+        )
 
     def full_state_dict(self) -> dict[str, np.ndarray]:
         return common.numpy_state(self.model.module)

@@ -7,9 +7,14 @@ pipeline engine's `train_batch` pulls the step's micro-batches from an iterator 
 
 Findings:
 - With bf16 enabled DeepSpeed casts the whole model to bf16 and keeps fp32 master weights in its
-  optimizer (unlike torch autocast), so floating inputs are cast to the model's dtype here and
-  `full_state_dict` reads the fp32 masters (`safe_get_full_fp32_param`), not the bf16 copies.
-- Under ZeRO-3 the module's parameters are empty shards outside `GatheredParameters`.
+  optimizer (unlike torch autocast), so the floating inputs the model receives are cast to its
+  dtype here (toolkit.backends.torch_batches) and `full_state_dict` reads the fp32 masters
+  (`safe_get_full_fp32_param`), not the bf16 copies.
+- Under ZeRO-3 the module's parameters are empty shards outside `GatheredParameters`; a frozen
+  parameter has no fp32 master, so it is gathered itself.
+- `named_parameters()` lists a tied parameter (GPT-2's lm_head.weight is wte.weight) once, so
+  weights read that way lost the second name. `full_state_dict` walks the module's own
+  `state_dict(keep_vars=True)`, which lists every name, and gathers each shared tensor once.
 - On the CPU accelerator `init_distributed` JIT-builds and loads a shared-memory allreduce op
   (deepspeed_shm_comm) that serves only `inference_all_reduce`, never training. Its build takes
   a lock file in torch's extension cache (~/.cache/torch_extensions/.../lock) that a killed job
@@ -21,6 +26,7 @@ Findings:
   DeepSpeed still held its process groups; see `torch_common.release_process_groups`.
 - The pipeline engine registers each layer under its global index, so a stage's state-dict keys
   are those of the user's nn.Sequential; the stages' dicts are merged with all_gather_object.
+  What the pipeline engine accepts as a micro-batch: toolkit.backends.deepspeed.pipeline.
 """
 
 from __future__ import annotations
@@ -38,8 +44,11 @@ from deepspeed.accelerator import get_accelerator
 from deepspeed.pipe import PipelineModule
 from deepspeed.utils import safe_get_full_fp32_param
 
+from toolkit.backends import torch_batches as batches
 from toolkit.backends import torch_common as common
-from toolkit.backends.base import Backend, LossFn, MicroBatch
+from toolkit.backends.base import Backend, LossFn, MetricFn, MicroBatch
+from toolkit.backends.deepspeed import pipeline
+from toolkit.backends.torch_data import TorchData
 from toolkit.errors import ToolkitError
 from toolkit.render.deepspeed import deepspeed_config
 
@@ -47,7 +56,7 @@ from toolkit.render.deepspeed import deepspeed_config
 SHM_COMM_OP = "deepspeed_shm_comm"
 
 
-class DeepSpeedBackend(common.TorchCollectives, Backend):
+class DeepSpeedBackend(common.TorchCollectives, TorchData, Backend):
     engine: Any
     input_dtype: torch.dtype
 
@@ -108,39 +117,69 @@ class DeepSpeedBackend(common.TorchCollectives, Backend):
             loss_fn=None,
         )
 
-    def _inputs(self, inputs: torch.Tensor) -> torch.Tensor:
-        return inputs.to(self.input_dtype) if inputs.is_floating_point() else inputs
-
-    def train_step(self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn) -> float:
-        batches = [(self._inputs(x), y) for x, y in common.as_tensors(micro_batches)]
+    def train_step(self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn | None) -> float:
         if self.uses_pipeline:
-            self.engine.module.loss_fn = loss_fn
-            loss = self.engine.train_batch(data_iter=iter(batches))
+            stages = self.spec.pipeline.stages
+            self.engine.module.loss_fn = pipeline.require_loss_fn(loss_fn, stages)
+            data = [pipeline.pipeline_batch(b, stages, self.input_dtype) for b in micro_batches]
+            loss = self.engine.train_batch(data_iter=iter(data))
             return float(self.allreduce(loss.detach().double()))
         total = torch.zeros((), dtype=torch.float64)
-        for inputs, targets in batches:
-            loss = loss_fn(self.engine(inputs), targets)
+        for batch in micro_batches:
+            loss = batches.micro_batch_loss(self.engine, batch, loss_fn, self.input_dtype)
             self.engine.backward(loss)
             self.engine.step()
             total += loss.detach().double()
-        return float(self.allreduce(total / len(batches)))
+        return float(self.allreduce(total / len(micro_batches)))
+
+    def eval_sums(
+        self, micro_batches: Sequence[MicroBatch], metric_fn: MetricFn, *, pairs: bool
+    ) -> dict[str, float]:
+        if self.uses_pipeline:
+            if not pairs:
+                raise pipeline.refusal(
+                    self.spec.pipeline.stages, "evaluates (inputs, labels) pairs only (pairs=True)"
+                )
+            return pipeline.evaluate(
+                self.engine,
+                micro_batches,
+                metric_fn,
+                stages=self.spec.pipeline.stages,
+                dtype=self.input_dtype,
+                world_size=self.env.world_size,
+            )
+        # Through the engine: under ZeRO-3 its hooks gather each layer's parameters.
+        return batches.evaluate_module(
+            self.engine, micro_batches, metric_fn, pairs=pairs, float_dtype=self.input_dtype
+        )
 
     def full_state_dict(self) -> dict[str, np.ndarray]:
         module = self.engine.module
         state: dict[str, np.ndarray] = {}
-        for name, parameter in module.named_parameters():
-            # Collective under ZeRO-3: every rank walks the parameters in the same order.
-            master = safe_get_full_fp32_param(parameter)
-            full = parameter if master is None else master
-            state[name] = common.to_numpy(full)
-        for name, buffer in module.named_buffers():
-            if buffer.is_floating_point():
-                state[name] = common.to_numpy(buffer)
+        seen: dict[int, np.ndarray] = {}
+        # Every rank walks the same names in the same order: gathering is collective (ZeRO-3).
+        for name, tensor in module.state_dict(keep_vars=True).items():
+            if isinstance(tensor, torch.nn.Parameter):
+                if id(tensor) not in seen:
+                    seen[id(tensor)] = self._full_parameter(tensor)
+                state[name] = seen[id(tensor)].copy()  # tied names: equal, not one array
+            else:
+                state[name] = common.portable(tensor)
         if self.uses_pipeline:
             stages: list[dict[str, np.ndarray]] = [{} for _ in range(self.env.world_size)]
             dist.all_gather_object(stages, state)
             state = {name: value for stage in stages for name, value in stage.items()}
         return state
+
+    @staticmethod
+    def _full_parameter(parameter: torch.nn.Parameter) -> np.ndarray:
+        master = safe_get_full_fp32_param(parameter)
+        if master is not None:
+            return common.portable(master)
+        if hasattr(parameter, "ds_id"):  # a ZeRO-3 shard with no master: frozen
+            with deepspeed.zero.GatheredParameters([parameter]):
+                return common.portable(parameter)
+        return common.portable(parameter)
 
     def shutdown(self) -> None:
         # deepspeed.comm's destroy also drops DeepSpeed's cached groups; it logs on stdout.

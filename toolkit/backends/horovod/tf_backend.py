@@ -14,15 +14,18 @@ DistributedGradientTape makes itself, with the spec's op and compression.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import cached_property
 from typing import Any
 
 import horovod.tensorflow as hvd
 import numpy as np
 
-from toolkit.backends.base import Backend, LossFn, MicroBatch
+from toolkit.backends.base import Backend, Loader, LossFn, MetricFn, MicroBatch
 from toolkit.backends.horovod.settings import check_world_size, export_environment
-from toolkit.backends.tf import common
+from toolkit.backends.tf import batches, common
+from toolkit.backends.tf.data import make_tf_loader
 from toolkit.render import horovod as render_horovod
+from toolkit.sharding import LoaderPlan
 
 tf = common.tf
 
@@ -51,17 +54,17 @@ class HorovodTFBackend(Backend):
         hvd.broadcast_variables([v.value for v in self.model.variables], root_rank=0)
         return self.model
 
-    def _build_step(self, loss_fn: LossFn) -> Callable[..., Any]:
+    def _build_step(self, loss_fn: LossFn | None) -> Callable[..., Any]:
         model, optimizer = self.model, self.optimizer
         options = render_horovod.optimizer_options(self.spec, self.env.world_size)
         op, compression = OPS[options["op"]], COMPRESSION[options["compression"]]
         clip = self.spec.clip_grad_norm
 
         @tf.function
-        def step(inputs: Any, targets: Any) -> Any:
+        def step(batch: Any) -> Any:
             keras_variables = model.trainable_variables
             sources = [v.value for v in keras_variables]
-            grads, loss = common.accumulated_gradients(model, loss_fn, inputs, targets, sources)
+            grads, loss = common.accumulated_gradients(model, loss_fn, batch, sources)
             grads = hvd.grouped_allreduce(grads, op=op, compression=compression)
             if clip > 0:
                 grads = common.clip_like_torch(grads, clip)
@@ -70,12 +73,26 @@ class HorovodTFBackend(Backend):
 
         return step
 
-    def train_step(self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn) -> float:
+    def train_step(self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn | None) -> float:
         # Keyed by the function itself: an id() could be reused by a later, different lambda.
-        if loss_fn not in self._steps:
-            self._steps[loss_fn] = self._build_step(loss_fn)
-        inputs, targets = common.stack_micro_batches(micro_batches)
-        return float(self._steps[loss_fn](tf.constant(inputs), tf.constant(targets)))
+        # None (the model returns its own loss) is a key too.
+        compiled: dict[Any, Callable[..., Any]] = self._steps
+        if loss_fn not in compiled:
+            compiled[loss_fn] = self._build_step(loss_fn)
+        stacked = batches.stack_micro_batches(micro_batches)
+        return float(compiled[loss_fn](batches.constants(stacked)))
+
+    @cached_property
+    def _evaluator(self) -> batches.Evaluator:
+        return batches.Evaluator(self.model)
+
+    def eval_sums(
+        self, micro_batches: Sequence[MicroBatch], metric_fn: MetricFn, *, pairs: bool
+    ) -> dict[str, float]:
+        return self._evaluator.sums(micro_batches, metric_fn, pairs=pairs)
+
+    def make_loader(self, data: Any, plan: LoaderPlan, options: dict[str, Any]) -> Loader | None:
+        return make_tf_loader(data, plan, options)
 
     def full_state_dict(self) -> dict[str, np.ndarray]:
         return common.numpy_state(self.model)

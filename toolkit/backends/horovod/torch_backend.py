@@ -25,9 +25,11 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 
+from toolkit.backends import torch_batches as batches
 from toolkit.backends import torch_common as common
-from toolkit.backends.base import Backend, LossFn, MicroBatch
+from toolkit.backends.base import Backend, LossFn, MetricFn, MicroBatch
 from toolkit.backends.horovod.settings import check_world_size, export_environment
+from toolkit.backends.torch_data import TorchData
 from toolkit.errors import ToolkitError
 from toolkit.render import horovod as render_horovod
 
@@ -35,7 +37,7 @@ OPS = {"Average": hvd.Average, "Sum": hvd.Sum, "Adasum": hvd.Adasum}
 COMPRESSION = {"Compression.none": hvd.Compression.none, "Compression.fp16": hvd.Compression.fp16}
 
 
-class HorovodTorchBackend(Backend):
+class HorovodTorchBackend(TorchData, Backend):
     model: torch.nn.Module
     optimizer: Any
 
@@ -70,13 +72,13 @@ class HorovodTorchBackend(Backend):
             hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
         return self.model
 
-    def train_step(self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn) -> float:
+    def train_step(self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn | None) -> float:
         self.optimizer.zero_grad()
         count = len(micro_batches)
         total = torch.zeros((), dtype=torch.float64)
-        for inputs, targets in common.as_tensors(micro_batches):
+        for batch in micro_batches:
             with common.autocast(self.spec):
-                loss = loss_fn(self.model(inputs), targets)
+                loss = batches.micro_batch_loss(self.model, batch, loss_fn)
             (loss / count).backward()
             total += loss.detach().double()
         if self.spec.clip_grad_norm > 0:
@@ -87,6 +89,17 @@ class HorovodTorchBackend(Backend):
         else:
             self.optimizer.step()
         return float(self.allreduce(total / count))
+
+    def eval_sums(
+        self, micro_batches: Sequence[MicroBatch], metric_fn: MetricFn, *, pairs: bool
+    ) -> dict[str, float]:
+        return batches.evaluate_module(
+            self.model,
+            micro_batches,
+            metric_fn,
+            pairs=pairs,
+            precision=common.autocast(self.spec),
+        )
 
     def full_state_dict(self) -> dict[str, np.ndarray]:
         return common.numpy_state(self.model)

@@ -11,6 +11,9 @@ the step on each replica, sums the gradients locally and reduces once. Keras' op
 over replicas (see toolkit.backends.tf.common), so each replica hands it its share, mean / n.
 With clipping on, the toolkit all-reduces first, clips the mean gradient torch's way, and hands
 Keras clipped / n: dividing by a power of two and summing n equal copies is exact.
+
+Micro-batches of any structure are stacked leaf by leaf ([micro-batches, samples, ...]) and,
+under MirroredStrategy, each leaf is split along the samples axis between the replicas.
 """
 
 from __future__ import annotations
@@ -19,15 +22,18 @@ import json
 import os
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 
-from toolkit.backends.base import Backend, LossFn, MicroBatch
-from toolkit.backends.tf import common
+from toolkit.backends.base import Backend, Loader, LossFn, MetricFn, MicroBatch
+from toolkit.backends.tf import batches, common
+from toolkit.backends.tf.data import make_tf_loader
 from toolkit.engines import MPI_ENVIRONMENTS
 from toolkit.errors import ToolkitError
 from toolkit.render import tf as render_tf
+from toolkit.sharding import LoaderPlan
 
 tf = common.tf
 
@@ -112,20 +118,22 @@ class TFBackend(Backend):
             self.optimizer.build(self.model.trainable_variables)
         return self.model
 
-    def _compiled_step(self, loss_fn: LossFn) -> Callable[..., Any]:
+    def _compiled_step(self, loss_fn: LossFn | None) -> Callable[..., Any]:
         # Keyed by the function itself: an id() could be reused by a later, different lambda.
-        if loss_fn not in self._steps:
-            self._steps[loss_fn] = self._build_step(loss_fn)
-        return self._steps[loss_fn]
+        # None (the model returns its own loss) is a key too.
+        compiled: dict[Any, Callable[..., Any]] = self._steps
+        if loss_fn not in compiled:
+            compiled[loss_fn] = self._build_step(loss_fn)
+        return compiled[loss_fn]
 
-    def _build_step(self, loss_fn: LossFn) -> Callable[..., Any]:
+    def _build_step(self, loss_fn: LossFn | None) -> Callable[..., Any]:
         strategy, model, optimizer = self.strategy, self.model, self.optimizer
         clip = self.spec.clip_grad_norm
 
-        def replica_step(inputs: Any, targets: Any) -> Any:
+        def replica_step(batch: Any) -> Any:
             variables = model.trainable_variables
             replicas = tf.distribute.get_replica_context().num_replicas_in_sync
-            grads, loss = common.accumulated_gradients(model, loss_fn, inputs, targets, variables)
+            grads, loss = common.accumulated_gradients(model, loss_fn, batch, variables)
             if clip > 0:
                 context = tf.distribute.get_replica_context()
                 grads = [
@@ -136,29 +144,45 @@ class TFBackend(Backend):
             return loss
 
         @tf.function
-        def step(inputs: Any, targets: Any) -> Any:
-            per_replica = strategy.run(replica_step, args=(inputs, targets))
+        def step(batch: Any) -> Any:
+            per_replica = strategy.run(replica_step, args=(batch,))
             return strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None)
 
         return step
 
-    def _distribute(self, stacked: np.ndarray) -> Any:
-        """[micro-batches, replicas × micro, ...] -> each replica's [micro-batches, micro, ...]."""
+    def _distribute(self, stacked: Any) -> Any:
+        """Leaves [micro-batches, replicas × micro, ...] -> each replica's [micro-batches, micro,
+        ...], the structure kept."""
         replicas = self.replicas_per_process
         if replicas == 1:
-            return tf.constant(stacked)
-        micro = stacked.shape[1] // replicas
+            return batches.constants(stacked)
 
         def piece(context: Any) -> Any:
             index = context.replica_id_in_sync_group % replicas
-            return tf.constant(stacked[:, index * micro : (index + 1) * micro])
+
+            def share(leaf: np.ndarray) -> Any:
+                micro = leaf.shape[1] // replicas
+                return tf.constant(leaf[:, index * micro : (index + 1) * micro])
+
+            return tf.nest.map_structure(share, stacked)
 
         return self.strategy.experimental_distribute_values_from_function(piece)
 
-    def train_step(self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn) -> float:
-        inputs, targets = common.stack_micro_batches(micro_batches)
-        loss = self._compiled_step(loss_fn)(self._distribute(inputs), self._distribute(targets))
-        return float(loss)
+    def train_step(self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn | None) -> float:
+        stacked = batches.stack_micro_batches(micro_batches)
+        return float(self._compiled_step(loss_fn)(self._distribute(stacked)))
+
+    @cached_property
+    def _evaluator(self) -> batches.Evaluator:
+        return batches.Evaluator(self.model)
+
+    def eval_sums(
+        self, micro_batches: Sequence[MicroBatch], metric_fn: MetricFn, *, pairs: bool
+    ) -> dict[str, float]:
+        return self._evaluator.sums(micro_batches, metric_fn, pairs=pairs)
+
+    def make_loader(self, data: Any, plan: LoaderPlan, options: dict[str, Any]) -> Loader | None:
+        return make_tf_loader(data, plan, options)
 
     def full_state_dict(self) -> dict[str, np.ndarray]:
         return common.numpy_state(self.model)

@@ -12,7 +12,7 @@ Findings about Keras 3 (the `tf.keras` of TF 2.21) that shape the backends:
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -22,7 +22,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras
 import tensorflow as tf
 
-from toolkit.backends.base import LossFn, MicroBatch
+from toolkit.backends.base import LossFn
+from toolkit.backends.batches import describe
 from toolkit.backends.tf.optimizers import TorchAdam, TorchSGD
 from toolkit.errors import ToolkitError
 from toolkit.spec import TrainSpec
@@ -73,28 +74,52 @@ def mean_loss(loss: Any) -> Any:
     return tf.reduce_mean(loss)
 
 
-def stack_micro_batches(micro_batches: Sequence[MicroBatch]) -> tuple[np.ndarray, np.ndarray]:
-    """A step's micro-batches as [micro-batches, samples, ...] inputs and targets."""
-    inputs = np.stack([np.asarray(x) for x, _ in micro_batches])
-    targets = np.stack([np.asarray(y) for _, y in micro_batches])
-    return inputs, targets
+def micro_batch_loss(model: keras.Model, batch: Any, loss_fn: LossFn | None) -> Any:
+    """A Keras model takes its inputs, of any structure, as its one argument (Keras' rule).
+    With a loss_fn the micro-batch is (inputs, targets); without one the model gets all of it
+    and returns its loss (a tensor, or a dict with a "loss")."""
+    if loss_fn is None:
+        outputs = model(batch, training=True)
+        if isinstance(outputs, Mapping):
+            if "loss" not in outputs:
+                raise ToolkitError(
+                    f"train_step without a loss_fn needs the model to return its loss; it "
+                    f"returned a dict with keys {sorted(outputs)}",
+                    "return the loss (or a dict with a 'loss'), or pass a loss_fn",
+                )
+            return outputs["loss"]
+        return outputs
+    inputs, targets = split_pair(batch, "train_step with a loss_fn")
+    return loss_fn(model(inputs, training=True), targets)
+
+
+def split_pair(batch: Any, what: str) -> tuple[Any, Any]:
+    if isinstance(batch, tuple | list) and len(batch) == 2:
+        return batch[0], batch[1]
+    raise ToolkitError(
+        f"{what} needs (inputs, targets) micro-batches, got {describe(batch)}",
+        "yield (inputs, targets) pairs, or let the model compute its own loss from the whole "
+        "micro-batch (train_step(micro_batches) without a loss_fn; evaluate(..., pairs=False))",
+    )
 
 
 def accumulated_gradients(
-    model: keras.Model, loss_fn: LossFn, inputs: Any, targets: Any, sources: list[Any]
+    model: keras.Model, loss_fn: LossFn | None, batch: Any, sources: list[Any]
 ) -> tuple[list[Any], Any]:
     """Inside a compiled step: the mean gradient w.r.t. `sources` and the mean loss over the
-    step's micro-batches (the leading axis of inputs and targets), one backward each, unrolled.
+    step's micro-batches (the leading axis of every leaf of `batch`, see
+    `toolkit.backends.tf.batches.stack_micro_batches`), one backward each, unrolled.
     """
     grads = [tf.zeros_like(source) for source in sources]
     losses = []
-    for micro in range(inputs.shape[0]):
+    count = tf.nest.flatten(batch)[0].shape[0]
+    for micro in range(count):
+        piece = tf.nest.map_structure(lambda leaf, micro=micro: leaf[micro], batch)
         with tf.GradientTape() as tape:
-            loss = mean_loss(loss_fn(model(inputs[micro], training=True), targets[micro]))
+            loss = mean_loss(micro_batch_loss(model, piece, loss_fn))
         grads = [a + g for a, g in zip(grads, tape.gradient(loss, sources), strict=True)]
         losses.append(loss)
-    count = float(inputs.shape[0])
-    return [g / count for g in grads], tf.add_n(losses) / count
+    return [g / float(count) for g in grads], tf.add_n(losses) / float(count)
 
 
 def require_keras_model(model: Any) -> keras.Model:
