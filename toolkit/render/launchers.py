@@ -29,14 +29,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolkit.launch.environment import (
+from toolkit import engines
+from toolkit.rank_variables import (
     TOOLKIT_LOCAL_RANK,
     TOOLKIT_MASTER_ADDR,
     TOOLKIT_MASTER_PORT,
     TOOLKIT_RANK,
     TOOLKIT_WORLD_SIZE,
 )
-from toolkit import engines
 from toolkit.render import horovod
 from toolkit.render.hostfile import hostfile
 from toolkit.render.layout import Slot, job_hosts, rank_layout, uniform_slots
