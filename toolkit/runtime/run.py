@@ -24,6 +24,7 @@ import numpy as np
 from toolkit.backends.base import Backend, LossFn, MicroBatch
 from toolkit.backends.registry import check_environment, load_backend_class
 from toolkit.launch.environment import LaunchEnvironment, detect_environment
+from toolkit.launch.rank_side import join_supervisor
 from toolkit.runtime.loader import Arrays, ShardedLoader
 from toolkit.runtime.progress import progress
 from toolkit.sharding import StepLayout
@@ -128,6 +129,7 @@ def init(spec: TrainSpec, *, launcher: str | None = None, argv: Sequence[str] | 
     """Detect the launcher, check the backend runs under it, seed, and start the engine."""
     env = detect_environment(os.environ, sys.argv if argv is None else argv, launcher)
     check_environment(spec.backend, spec.framework_name, env.launcher)
+    join_supervisor(env.rank)  # heartbeats to `toolkit launch`, if it started this process
     random.seed(spec.seed)
     np.random.seed(spec.seed % 2**32)
     backend = load_backend_class(spec.backend, spec.framework_name)(spec, env)
