@@ -160,3 +160,15 @@ def test_progress_redraws_pass_through_live_under_torchrun(tmp_path: Path) -> No
     finally:
         process.terminate()
         process.wait(timeout=60)
+
+
+@pytest.mark.usefixtures("no_orphans")
+def test_report_starts_on_a_line_of_its_own_after_a_bar(tmp_path: Path) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("backend: ddp\nlaunch: {launcher: local, np: 2}\n")
+    argv = [sys.executable, "-m", "toolkit", "launch", "--spec", str(spec), "--timeout", "3"]
+    done = subprocess.run(
+        [*argv, "--", *rank(tmp_path, "progress")[1:]], capture_output=True, timeout=120
+    )
+    assert done.returncode == 124, done.stderr
+    assert b"\r[rank 0] step 2/3\ntoolkit launch: timed out after 3 s\n" in done.stderr

@@ -1,7 +1,9 @@
 """One supervised job: the processes the supervisor started, their output, their heartbeats,
 and the loop that decides when the job is over (see toolkit.launch.supervisor for the rules).
-A class of its own because every part of a job is needed to stop it: its processes, its
-readers, its watchdog and its heartbeat socket, in that order.
+A little over 300 lines, kept together on purpose: the ending rules share one state (the
+children, the heartbeat records, when each failure was first seen) and every part of a job is
+needed to stop it, in order: its processes, its readers, its watchdog, its heartbeat socket.
+The parts with a job of their own live beside it (output, tree, heartbeat, outcome).
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ from toolkit.launch.outcome import (
     LaunchResult,
     describe_status,
     exit_code,
+    signal_in,
 )
 from toolkit.launch.output import Console, LauncherTails, Lines, Prefixer, new_tail, pump
 from toolkit.launch.parent_death import Watchdog, die_with_parent
-from toolkit.launch.tree import ProcessTree, exit_status, running
+from toolkit.launch.tree import ProcessTree, exit_status, pid_running
 
 POLL_SECONDS = 0.2
 END_REPORT_WAIT_SECONDS = 1.0
@@ -232,7 +235,7 @@ class Job:
             if record.ended or record.host != self.hostname:
                 continue
             status = exit_status(record.pid)
-            if status is None and _alive(record.pid):
+            if status is None and pid_running(record.pid):
                 continue
             if now - self._dead_since.setdefault(record.rank, now) >= END_REPORT_WAIT_SECONDS:
                 self.heartbeats.record_end(record, status)
@@ -259,6 +262,7 @@ class Job:
         for child in self.children:
             for reader in child.readers:
                 reader.join(timeout=self.grace)
+        self.console.end_lines()
         self.watchdog.close()
         self.heartbeats.drain()  # the end reports of ranks that died with the launcher
         self.heartbeats.close()
@@ -273,7 +277,7 @@ class Job:
             if failed is not None:
                 status = failed.status
                 if status is None:  # its parent reaped it first; trust a signal the launcher saw
-                    status = _signal_of(ending.launcher_failed)
+                    status = signal_in(ending.launcher_failed)
                 rank, host = failed.rank, failed.host
                 returncode = exit_code(status)
                 reason = f"{_named(failed)} {describe_status(status)}; {reason}"
@@ -288,16 +292,6 @@ class Job:
         )
 
 
-def _signal_of(status: int) -> int | None:
-    """The signal a launcher's status reports (Popen's negative status, or a shell-style
-    128+N such as mpirun's 137 for a SIGKILLed rank), as a negative status; None otherwise."""
-    if status < 0:
-        return status
-    if SIGNAL_BASE < status <= SIGNAL_BASE + 64:
-        return SIGNAL_BASE - status
-    return None
-
-
 def _named(record: RankRecord) -> str:
     return f"rank {record.rank} on host {record.host}"
 
@@ -307,13 +301,6 @@ def _name(process: psutil.Process) -> str:
         return process.name()
     except psutil.Error:
         return "?"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return running(psutil.Process(pid))
-    except psutil.Error:
-        return False
 
 
 @contextmanager

@@ -62,6 +62,16 @@ def exit_code(status: int | None) -> int:
     return OK if status == 0 else RANK_FAILED
 
 
+def signal_in(launcher_status: int) -> int | None:
+    """The signal a launcher's own status reports (Popen's negative status, or a shell-style
+    128+N such as mpirun's 137 for a SIGKILLed rank), Popen-style; None when it shows none."""
+    if launcher_status < 0:
+        return launcher_status
+    if SIGNAL_BASE < launcher_status <= SIGNAL_BASE + 64:
+        return SIGNAL_BASE - launcher_status
+    return None
+
+
 @dataclass(frozen=True)
 class LaunchResult:
     """How a launch ended; `returncode` follows the convention above."""

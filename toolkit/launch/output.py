@@ -58,6 +58,16 @@ class Console:
             target.flush()
             self._open_line[stream] = None if text.endswith("\n") else source
 
+    def end_lines(self) -> None:
+        """End a line left open (a progress bar), so that what follows starts on its own."""
+        with self._lock:
+            for stream, owner in self._open_line.items():
+                if owner is not None:
+                    target: TextIO = sys.stdout if stream == "stdout" else sys.stderr
+                    target.write("\n")
+                    target.flush()
+                    self._open_line[stream] = None
+
 
 class Prefixer:
     """Puts `prefix` at the start of every line of a stream that arrives in chunks."""

@@ -145,6 +145,13 @@ def running(process: psutil.Process) -> bool:
         return False
 
 
+def pid_running(pid: int) -> bool:
+    try:
+        return running(psutil.Process(pid))
+    except psutil.Error:
+        return False
+
+
 def exit_status(pid: int) -> int | None:
     """The exit status of a process that is ending or ended but not yet reaped, Popen-style
     (negative for a signal), from /proc/<pid>/stat (Linux 3.5+): the kernel sets it as the
