@@ -33,19 +33,28 @@ from toolkit.launch.output import RANK_TAG, Prefixer, pump
 from toolkit.launch.tree import parse_exit_status
 
 _helpers: list[subprocess.Popen[bytes]] = []
+_READY_SECONDS = 30.0
 
 
 def tag_output(rank: int, heartbeat: str | None) -> None:
-    """Route this process's fds 1 and 2 through the tagging helper."""
+    """Route this process's fds 1 and 2 through the tagging helper, once it is ready: a rank
+    that dies a moment later must find it watching already."""
     sys.stdout.flush()
     sys.stderr.flush()
     out_read, out_write = os.pipe()
     err_read, err_write = os.pipe()
+    ready_read, ready_write = os.pipe()
     argv = [sys.executable, "-m", "toolkit.launch.rank_output", str(rank), str(os.getpid())]
-    argv += [str(out_read), str(err_read), heartbeat or ""]
-    helper = subprocess.Popen(argv, stdin=subprocess.DEVNULL, pass_fds=(out_read, err_read))
-    os.close(out_read)
-    os.close(err_read)
+    argv += [str(out_read), str(err_read), str(ready_write), heartbeat or ""]
+    helper = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, pass_fds=(out_read, err_read, ready_write)
+    )
+    for fd in (out_read, err_read, ready_write):
+        os.close(fd)
+    with os.fdopen(ready_read, "rb") as ready:
+        # One byte once it watches; end of file if it failed to start (then output still
+        # flows through it or, at worst, is lost with it: never a hang).
+        select.select([ready], [], [], _READY_SECONDS)
     os.dup2(out_write, 1)
     os.dup2(err_write, 2)
     os.close(out_write)
@@ -99,8 +108,9 @@ class _ExitWatch:
         return self.status
 
 
-def _relay(rank: int, sources: dict[int, int], exit_watch: _ExitWatch) -> None:
-    """Copy each source fd to its target fd with the rank tag, until every source closes."""
+def _relay(rank: int, sources: dict[int, int], exit_watch: _ExitWatch, ready: int) -> None:
+    """Copy each source fd to its target fd with the rank tag, until every source closes.
+    Writes to `ready` (and closes it) once every copy runs."""
     readers = [
         threading.Thread(
             target=pump,
@@ -115,17 +125,20 @@ def _relay(rank: int, sources: dict[int, int], exit_watch: _ExitWatch) -> None:
     ]
     for reader in readers:
         reader.start()
+    with contextlib.suppress(OSError):
+        os.write(ready, b"1")
+    os.close(ready)
     for reader in readers:
         reader.join()
 
 
 def main(argv: Sequence[str]) -> int:
-    rank, pid, out_fd, err_fd = (int(arg) for arg in argv[:4])
+    rank, pid, out_fd, err_fd, ready = (int(arg) for arg in argv[:5])
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
     exit_watch = _ExitWatch(pid)
-    _relay(rank, {out_fd: 1, err_fd: 2}, exit_watch)
-    address = parse_address(argv[4]) if argv[4] else None
+    _relay(rank, {out_fd: 1, err_fd: 2}, exit_watch, ready)
+    address = parse_address(argv[5]) if argv[5] else None
     if address is not None:
         send(address, "end", rank, pid, status=exit_watch.wait())
     return 0
