@@ -3,6 +3,8 @@
 Each launcher announces rank, world size and so on in its own environment variables. A
 `Detector` knows one launcher's variables; `DETECTORS` lists them in the order they are tried,
 and the first that recognises the environment describes the process as a `LaunchEnvironment`.
+Most detectors are data: which variable holds which fact, read by one routine
+(`toolkit.launch.detectors.Variables`); code exists only where a launcher differs.
 Naming the launcher (`detect_environment(env, argv, launcher="torchrun")`) skips the guessing,
 and then missing variables are an error instead of a silent single-process run.
 
