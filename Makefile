@@ -15,6 +15,7 @@ demo: setup
 lint:
 	$(BIN)/ruff check toolkit tests hvd_examples
 	$(BIN)/ruff format --check toolkit tests hvd_examples
+	$(BIN)/lint-imports --no-cache
 
 typecheck:
 	$(BIN)/mypy

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from toolkit.launch import free_port, run_launcher, run_local
+from toolkit.launch import run_launcher, run_local
+from toolkit.ports import free_port
 
 BIN = Path(sys.executable).parent
 PROBE = [sys.executable, "-m", "toolkit.launch.probe"]

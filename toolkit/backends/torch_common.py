@@ -20,7 +20,7 @@ import torch.distributed as dist
 from toolkit.engines import MPI_ENVIRONMENTS
 from toolkit.errors import ToolkitError
 from toolkit.launch.environment import LaunchEnvironment
-from toolkit.launch.supervisor import free_port
+from toolkit.ports import free_port
 from toolkit.spec import TrainSpec
 
 # Every blocking collective gives up after this long instead of hanging forever when a peer

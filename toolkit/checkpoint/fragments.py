@@ -16,17 +16,27 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
 from toolkit.checkpoint.tensorfile import TensorEntry
 from toolkit.errors import ToolkitError
 
-if TYPE_CHECKING:
-    from toolkit.checkpoint.manifest import FileRecord
 
-Pieces = list[tuple["FileRecord", TensorEntry]]
+class FileRecord(Protocol):
+    """What this module reads of a manifest's file record (`toolkit.checkpoint.manifest`,
+    which imports this module, so the record is described here rather than imported)."""
+
+    @property
+    def path(self) -> str: ...
+    @property
+    def section(self) -> str: ...
+    @property
+    def tensors(self) -> Sequence[TensorEntry]: ...
+
+
+Record = TypeVar("Record", bound=FileRecord)
 
 
 @dataclass(frozen=True)
@@ -54,10 +64,12 @@ class Fragment:
         return data
 
 
-def index_tensors(records: Iterable[FileRecord], section: str, where: Path) -> dict[str, Pieces]:
+def index_tensors(
+    records: Iterable[Record], section: str, where: Path
+) -> dict[str, list[tuple[Record, TensorEntry]]]:
     """Every tensor name of `section` and the (file, entry) pieces that make it up; a
     ToolkitError naming `where` unless each name is one whole tensor or a complete tiling."""
-    index: dict[str, Pieces] = {}
+    index: dict[str, list[tuple[Record, TensorEntry]]] = {}
     for record in records:
         if record.section == section:
             for entry in record.tensors:

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from toolkit.checkpoint import layout
-from toolkit.checkpoint.fragments import Pieces, assemble, index_tensors
+from toolkit.checkpoint.fragments import assemble, index_tensors
 from toolkit.checkpoint.manifest import (
     MAX_MANIFEST_BYTES,
     SECTIONS,
@@ -27,7 +27,7 @@ from toolkit.checkpoint.manifest import (
     parse_manifest,
 )
 from toolkit.checkpoint.state import CheckpointState
-from toolkit.checkpoint.tensorfile import DTYPES, parse_tensors, read_verified
+from toolkit.checkpoint.tensorfile import DTYPES, TensorEntry, parse_tensors, read_verified
 from toolkit.errors import ToolkitError
 
 _HINT = "pass a checkpoint directory (DIR, which holds step-N directories, or DIR/step-N)"
@@ -66,7 +66,7 @@ class Checkpoint:
     def names(self, section: str) -> list[str]:
         return sorted(self.index(section))
 
-    def index(self, section: str) -> dict[str, Pieces]:
+    def index(self, section: str) -> dict[str, list[tuple[FileRecord, TensorEntry]]]:
         """Each tensor name of `section` and the (file, entry) pieces it is stored in."""
         return index_tensors(self.manifest.files, _section(section), self.path)
 

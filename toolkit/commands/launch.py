@@ -1,11 +1,13 @@
-"""`toolkit launch --spec FILE [--dry-run [--json]] [--timeout S] -- SCRIPT ARGS...`
+"""`toolkit launch --spec FILE [--dry-run [--json]] [--timeout S] [--stall-timeout S] -- SCRIPT`
 
 Renders the spec's launcher plan (toolkit.render.launchers) and, unless --dry-run, runs it under
 the supervisor (toolkit.launch.supervisor): the real launcher for horovodrun, mpirun, deepspeed,
-torchrun and srun, or one process per rank for `local`. When any rank fails, every other rank is
-stopped and the launch exits non-zero with that rank's last lines. The dry run prints the same
-plan: the launcher's argv and environment and, per rank, what the launcher gives that rank.
-Arguments are shown shell-quoted for reading only; the plan itself is argv lists end to end.
+torchrun and srun, or one process per rank for `local`. When any rank fails or stalls, every
+other rank is stopped and the launch exits with the status of one convention for every launcher
+(toolkit.launch.outcome, also in `--help`), naming the rank that failed first, its host and its
+last lines. The dry run prints the same plan: the launcher's argv and environment and, per
+rank, what the launcher gives that rank. Arguments are shown shell-quoted for reading only; the
+plan itself is argv lists end to end.
 """
 
 from __future__ import annotations
@@ -13,13 +15,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import shlex
 import sys
 from typing import Any
 
 from toolkit.backends.registry import check_launcher
 from toolkit.commands._output import add_spec
+from toolkit.errors import ToolkitError
+from toolkit.launch.heartbeat import INTERVAL
+from toolkit.launch.outcome import EXIT_STATUS_HELP
 from toolkit.launch.runner import execute, machine_context
+from toolkit.launch.supervisor import DEFAULT_STALL_SECONDS
 from toolkit.render.launchers import LaunchPlan, launch_plan
 from toolkit.spec import load_spec
 
@@ -48,26 +55,59 @@ def format_plan(plan: LaunchPlan) -> str:
     return "\n".join(lines)
 
 
+def seconds(option: str, text: str | None, minimum: float = 0.0) -> float | None:
+    """A duration option's value: a finite number of seconds above `minimum`, or None if
+    not given."""
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= minimum:
+        allowed = f"more than {minimum:g}" if minimum else "a positive finite number of"
+        raise ToolkitError(
+            f"{option}={text!r}: must be {allowed} seconds.",
+            f"write e.g. {option} 600, or leave {option} out",
+        )
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
+    timeout = seconds("--timeout", args.timeout)
+    # Ranks beat once a second: a shorter stall timeout would stop healthy jobs.
+    stall_timeout = seconds("--stall-timeout", args.stall_timeout, minimum=2 * INTERVAL)
     spec = load_spec(args.spec)
     check_launcher(spec.backend, spec.framework_name, spec.launcher)
     plan = launch_plan(spec, args.command, machine_context())
     if args.dry_run:
         print(json.dumps(dataclasses.asdict(plan), indent=2) if args.json else format_plan(plan))
         return 0
-    result = execute(plan, spec, timeout=args.timeout)
+    result = execute(plan, spec, timeout=timeout, stall_timeout=stall_timeout)
     if not result.ok:
         print(f"toolkit launch: {result.report()}", file=sys.stderr)
     return result.returncode
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("launch", help="start a job under the spec's launcher")
+    parser = subparsers.add_parser(
+        "launch",
+        help="start a job under the spec's launcher",
+        epilog=EXIT_STATUS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_spec(parser)
     parser.add_argument("--dry-run", action="store_true", help="print the plan, start nothing")
     parser.add_argument("--json", action="store_true", help="with --dry-run: the plan as JSON")
     parser.add_argument(
-        "--timeout", type=float, default=None, help="stop every rank after this many seconds"
+        "--timeout", metavar="SECONDS", help="stop every rank after this many seconds"
+    )
+    parser.add_argument(
+        "--stall-timeout",
+        metavar="SECONDS",
+        default=str(DEFAULT_STALL_SECONDS),
+        help="stop the job when a rank sends no heartbeat for this long (ranks beat from "
+        f"toolkit.init every second; default {DEFAULT_STALL_SECONDS:g})",
     )
     parser.add_argument("command", nargs="*", metavar="-- SCRIPT ARGS", help="what each rank runs")
     parser.set_defaults(func=run)

@@ -1,8 +1,9 @@
 """The launch layer: which launcher started this process, and starting and supervising jobs.
 
-Imports no engine. `detect_environment` runs inside each rank; `run_launcher` and `run_local`
-run on the machine that starts the job. Names are imported on first use, so that importing one
-module of this package (`toolkit doctor` uses `executables`) does not need psutil.
+Imports no engine. `detect_environment` and `join_supervisor` run inside each rank;
+`run_launcher` and `run_local` run on the machine that starts the job. Names are imported on
+first use, so that importing one module of this package (`toolkit doctor` uses `executables`)
+does not need psutil.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ _LAZY = {
     "LaunchEnvironment": "toolkit.launch.environment",
     "detect_environment": "toolkit.launch.environment",
     "split_local_rank_arg": "toolkit.launch.environment",
-    "LaunchResult": "toolkit.launch.supervisor",
-    "free_port": "toolkit.launch.supervisor",
+    "LaunchResult": "toolkit.launch.outcome",
+    "join_supervisor": "toolkit.launch.rank_side",
     "run_launcher": "toolkit.launch.supervisor",
     "run_local": "toolkit.launch.supervisor",
 }

@@ -7,14 +7,17 @@ is what runs: the plan's argv lists and environments, never a shell string.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from pathlib import Path
 
 from toolkit.errors import ToolkitError
 from toolkit.launch.executables import find_launcher
-from toolkit.launch.supervisor import LaunchResult, run_launcher, run_local
+from toolkit.launch.outcome import LaunchResult
+from toolkit.launch.supervisor import DEFAULT_STALL_SECONDS, LOOPBACK, run_launcher, run_local
 from toolkit.render.launchers import LaunchContext, LaunchPlan
 from toolkit.spec import TrainSpec
+from toolkit.spec.hosts import LOCAL_NAMES
 
 
 def machine_context() -> LaunchContext:
@@ -23,9 +26,14 @@ def machine_context() -> LaunchContext:
 
 
 def execute(
-    plan: LaunchPlan, spec: TrainSpec, *, timeout: float | None = None, echo: bool = True
+    plan: LaunchPlan,
+    spec: TrainSpec,
+    *,
+    timeout: float | None = None,
+    stall_timeout: float | None = DEFAULT_STALL_SECONDS,
+    echo: bool = True,
 ) -> LaunchResult:
-    """Run the plan and supervise it until every rank ends or one fails."""
+    """Run the plan and supervise it until every rank ends, one fails or one stalls."""
     if plan.argv is None:  # the toolkit's own launcher: every rank has its own command
         return run_local(
             plan.ranks[0].argv or [],
@@ -35,6 +43,7 @@ def execute(
             master_port=spec.launch.master_port,
             rank_envs=[rank.env for rank in plan.ranks],
             timeout=timeout,
+            stall_timeout=stall_timeout,
             echo=echo,
         )
     executable = find_launcher(plan.argv[0])
@@ -48,5 +57,17 @@ def execute(
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(content)
     return run_launcher(
-        [executable, *plan.argv[1:]], env={**os.environ, **plan.env}, timeout=timeout, echo=echo
+        [executable, *plan.argv[1:]],
+        env={**os.environ, **plan.env},
+        timeout=timeout,
+        stall_timeout=stall_timeout,
+        echo=echo,
+        heartbeat_host=_heartbeat_host(plan),
     )
+
+
+def _heartbeat_host(plan: LaunchPlan) -> str:
+    """How the ranks reach this machine: loopback when they all run here, else its name."""
+    if all(rank.host in LOCAL_NAMES for rank in plan.ranks):
+        return LOOPBACK
+    return socket.gethostname()

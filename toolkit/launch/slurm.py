@@ -1,14 +1,18 @@
-"""Slurm's compressed lists, as srun writes them into each task's environment.
+"""Tasks started by srun, and Slurm's compressed lists that describe them.
 
 Host lists ("gpu[01-03,07],cpu1") name the step's nodes; tasks-per-node lists ("2(x3),1")
-say how many tasks each of those nodes runs, in the same order.
+say how many tasks each of those nodes runs, in the same order. `SlurmVariables` is the srun
+detector: the generic variable reader plus these lists.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from toolkit.errors import ToolkitError
+from toolkit.launch.detectors import STALE_HINT, Variables, parse_int
 
 _HINT = "srun writes this variable itself; unset any value exported by hand"
 _TASKS_ITEM = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
@@ -59,3 +63,49 @@ def expand_tasks_per_node(text: str, source: str) -> list[int]:
             )
         counts += [int(match.group(1))] * int(match.group(2) or 1)
     return counts
+
+
+# Slurm reserves the top step ids for pseudo-steps (batch, extern, interactive), which are not a
+# task launch by srun.
+_SLURM_PSEUDO_STEP_IDS = 0xFFFFFFF0
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlurmVariables(Variables):
+    """Tasks started by `srun`. SLURM_PROCID alone does not mean srun: the batch step of an
+    sbatch script and a bare salloc shell also carry SLURM_PROCID=0 and, with --ntasks,
+    SLURM_NTASKS, so a plain `python train.py` in a batch script would wait forever for ranks
+    that were never started. Only srun sets SLURM_STEP_ID (a marker), and only to a real step
+    id. The tasks on this node come from compressed per-node lists and the hosts from a host
+    list; the step's own are preferred over the job's, which differ when a step uses part of
+    the allocation."""
+
+    def claims(self, env: Mapping[str, str]) -> bool:
+        step = env[self.markers[0]].strip()
+        return step.isdigit() and int(step) < _SLURM_PSEUDO_STEP_IDS
+
+    def _local_size(self, env: Mapping[str, str], node_rank: int | None) -> tuple[str, int]:
+        """Tasks on this node from the step's tasks-per-node list ("2(x3),1" means 2,2,2,1)."""
+        assert node_rank is not None  # SLURM_NODEID is required
+        for name in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+            if env.get(name):
+                counts = expand_tasks_per_node(env[name], name)
+                if node_rank >= len(counts):
+                    raise ToolkitError(
+                        f"{self.node_rank}={node_rank} has no entry in {name}={env[name]!r}.",
+                        STALE_HINT,
+                    )
+                return name, counts[node_rank]
+        if env.get("SLURM_NTASKS_PER_NODE"):
+            return "SLURM_NTASKS_PER_NODE", parse_int(env, "SLURM_NTASKS_PER_NODE")
+        raise ToolkitError(
+            "srun set none of SLURM_STEP_TASKS_PER_NODE, SLURM_TASKS_PER_NODE, "
+            "SLURM_NTASKS_PER_NODE: the number of tasks on this node is unknown.",
+            "start the job with srun --ntasks-per-node=N",
+        )
+
+    def _hosts(self, env: Mapping[str, str]) -> tuple[str, ...]:
+        for name in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST"):
+            if env.get(name):
+                return expand_hostlist(env[name], name)
+        return ()

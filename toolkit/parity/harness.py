@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 
 from toolkit.launch.runner import execute, machine_context
-from toolkit.launch.supervisor import free_port, run_launcher
+from toolkit.launch.supervisor import run_launcher
 from toolkit.parity.cases import STEPS, Case, merge
+from toolkit.ports import free_port
 from toolkit.render.launchers import launch_plan
 from toolkit.spec import TrainSpec
 

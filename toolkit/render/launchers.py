@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from toolkit import engines
-from toolkit.launch.environment import (
+from toolkit.rank_variables import (
     TOOLKIT_LOCAL_RANK,
     TOOLKIT_MASTER_ADDR,
     TOOLKIT_MASTER_PORT,

@@ -30,6 +30,7 @@ from toolkit.backends.base import Backend, Loader, LossFn, MetricFn, MicroBatch,
 from toolkit.backends.registry import check_environment, load_backend_class
 from toolkit.errors import ToolkitError
 from toolkit.launch.environment import LaunchEnvironment, detect_environment
+from toolkit.launch.rank_side import join_supervisor
 from toolkit.runtime.evaluation import Metrics, micro_batch_groups, own_loss_metrics
 from toolkit.runtime.loader import ArrayLoader, refuse_unusable
 from toolkit.runtime.progress import progress
@@ -217,6 +218,7 @@ def init(spec: TrainSpec, *, launcher: str | None = None, argv: Sequence[str] | 
     """Detect the launcher, check the backend runs under it, seed, and start the engine."""
     env = detect_environment(os.environ, sys.argv if argv is None else argv, launcher)
     check_environment(spec.backend, spec.framework_name, env.launcher)
+    join_supervisor(env.rank)  # heartbeats to `toolkit launch`, if it started this process
     random.seed(spec.seed)
     np.random.seed(spec.seed % 2**32)
     backend = load_backend_class(spec.backend, spec.framework_name)(spec, env)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import socket
 
-from toolkit.launch.supervisor import free_port
+from toolkit.ports import free_port
 
 
 def own_address(*, single_host: bool) -> str:

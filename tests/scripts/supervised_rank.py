@@ -1,0 +1,46 @@
+"""A rank for the supervisor tests: no engine, but it joins the supervisor as `toolkit.init`
+does (heartbeats, and tagged output under a launcher), writes its pid to PIDDIR/RANK, then:
+
+    sleep              prints "rank up" and sleeps until stopped
+    fail RANK STATUS   rank RANK writes to stderr and exits with STATUS; the others sleep
+    raise RANK         rank RANK raises an exception; the others sleep
+    progress           rank 0 draws a carriage-return progress bar, then waits for PIDDIR/go
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from toolkit.launch import detect_environment, join_supervisor
+
+
+def main(piddir: str, action: str, *args: str) -> int:
+    rank = detect_environment(os.environ, sys.argv).rank
+    join_supervisor(rank)
+    (Path(piddir) / str(rank)).write_text(str(os.getpid()))
+    print(f"rank up {rank}", flush=True)
+    if action == "fail" and rank == int(args[0]):
+        time.sleep(1)
+        print(f"rank {rank} is failing now", file=sys.stderr, flush=True)
+        return int(args[1])
+    if action == "raise" and rank == int(args[0]):
+        time.sleep(1)
+        raise RuntimeError(f"rank {rank} broke")
+    if action == "progress" and rank == 0:
+        for step in range(3):
+            sys.stderr.write(f"\rstep {step}/3")
+            sys.stderr.flush()
+            time.sleep(0.1)
+        while not (Path(piddir) / "go").exists():
+            time.sleep(0.1)
+        sys.stderr.write("\n")
+        return 0
+    while True:
+        time.sleep(0.5)
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:]))

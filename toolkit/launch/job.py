@@ -1,0 +1,324 @@
+"""One supervised job: the processes the supervisor started, their output, their heartbeats,
+and the loop that decides when the job is over (see toolkit.launch.supervisor for the rules).
+A little over 300 lines, kept together on purpose: the ending rules share one state (the
+children, the heartbeat records, when each failure was first seen) and every part of a job is
+needed to stop it, in order: its processes, its readers, its watchdog, its heartbeat socket.
+The parts with a job of their own live beside it (output, tree, heartbeat, outcome).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import psutil
+
+from toolkit.errors import ToolkitError
+from toolkit.launch.heartbeat import Heartbeats, RankRecord
+from toolkit.launch.outcome import (
+    INTERRUPTED,
+    SIGNAL_BASE,
+    TIMED_OUT,
+    LaunchResult,
+    describe_status,
+    exit_code,
+    signal_in,
+)
+from toolkit.launch.output import Console, LauncherTails, Lines, Prefixer, new_tail, pump
+from toolkit.launch.parent_death import Watchdog, die_with_parent
+from toolkit.launch.tree import ProcessTree, exit_status, pid_running
+
+POLL_SECONDS = 0.2
+END_REPORT_WAIT_SECONDS = 1.0
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass
+class _Child:
+    """One process the supervisor started: a local rank, or the launcher (rank None)."""
+
+    popen: subprocess.Popen[bytes]
+    label: str
+    rank: int | None
+    tail: deque[str] = field(default_factory=new_tail)
+    readers: list[threading.Thread] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Ending:
+    """What ended the supervision loop, before the tails are attached."""
+
+    returncode: int
+    reason: str
+    rank: int | None = None
+    host: str | None = None
+    launcher_failed: int | None = None
+    """The launcher's own status when it exited non-zero: the culprit is looked up later."""
+
+
+class Job:
+    """Start with `start` (inside `starting()`), then `supervise` once."""
+
+    def __init__(
+        self,
+        timeout: float | None,
+        stall_timeout: float | None,
+        grace: float,
+        echo: bool,
+        heartbeat_host: str,
+    ) -> None:
+        self.timeout = timeout
+        self.stall_timeout = stall_timeout
+        self.grace = grace
+        self.echo = echo
+        self.children: list[_Child] = []
+        self.tree = ProcessTree()
+        self.console = Console()
+        self.tails = LauncherTails()
+        self.hostname = socket.gethostname()
+        bind = LOOPBACK if heartbeat_host == LOOPBACK else "0.0.0.0"
+        self.heartbeats = Heartbeats(bind)
+        self.heartbeat_address = f"{heartbeat_host}:{self.heartbeats.port}"
+        self.watchdog = Watchdog()
+        self.started = time.monotonic()
+        self._bad_end_seen: dict[int, float] = {}
+        self._dead_since: dict[int, float] = {}
+
+    @contextmanager
+    def starting(self) -> Iterator[None]:
+        """Stop whatever started if starting the rest fails."""
+        try:
+            yield
+        except BaseException:
+            self._teardown()
+            raise
+
+    def start(self, argv: Sequence[str], env: Mapping[str, str], *, rank: int | None) -> None:
+        if isinstance(argv, str) or not argv:
+            raise ValueError(f"argv must be a non-empty list of arguments, not {argv!r}")
+        label = os.path.basename(argv[0]) if rank is None else f"rank {rank}"
+        out_read, out_write = os.pipe()
+        err_read, err_write = os.pipe()
+        try:
+            popen = subprocess.Popen(
+                list(argv),
+                env=dict(env),
+                stdin=subprocess.DEVNULL,
+                stdout=out_write,
+                stderr=err_write,
+                start_new_session=True,
+                preexec_fn=die_with_parent(os.getpid()),
+            )
+        except FileNotFoundError:
+            os.close(out_read)
+            os.close(err_read)
+            raise ToolkitError(
+                f"cannot start {argv[0]!r}: no such program.",
+                "install it, or put the directory that holds it on PATH",
+            ) from None
+        finally:
+            os.close(out_write)
+            os.close(err_write)
+        child = _Child(popen, label, rank)
+        self.children.append(child)
+        self.tree.add_root(popen.pid)
+        self.watchdog.watch([popen.pid])
+        for fd, stream in ((out_read, "stdout"), (err_read, "stderr")):
+            self._read(child, fd, stream)
+
+    def _read(self, child: _Child, fd: int, stream: str) -> None:
+        """A thread copying one of the child's pipes to the console and the tails."""
+        prefix = Prefixer(f"[{child.label}] ") if child.rank is not None else None
+
+        def echo(text: str) -> None:
+            self.console.write(stream, child, prefix(text) if prefix else text)
+
+        if child.rank is None:
+            lines: Lines | None = Lines(lambda line: self.tails.line(line, stream))
+        else:  # a local rank's tail is its stderr
+            lines = Lines(child.tail.append) if stream == "stderr" else None
+        reader = threading.Thread(
+            target=pump,
+            args=(fd,),
+            kwargs={"echo": echo if self.echo else None, "lines": lines},
+            name=f"toolkit-{child.label}-{stream}",
+            daemon=True,
+        )
+        reader.start()
+        child.readers.append(reader)
+
+    def supervise(self) -> LaunchResult:
+        with _signals_recorded() as received:
+            try:
+                ending = self._watch(received)
+            finally:
+                self._teardown()
+        if signal.SIGTERM in received:
+            # The ranks are stopped; now the SIGTERM reaches its real target, this process,
+            # with the disposition it had before. Returning a result instead would let a caller
+            # that runs many launches (the parity harness) carry on with the next one.
+            signal.raise_signal(signal.SIGTERM)
+        return self._result(ending)
+
+    def _watch(self, received: set[int]) -> _Ending:
+        deadline = None if self.timeout is None else self.started + self.timeout
+        while True:
+            select.select([self.heartbeats], [], [], POLL_SECONDS)
+            self.heartbeats.drain()
+            ending = self._children_ending() or self._rank_ending() or self._stall_ending()
+            if ending is not None:
+                return ending
+            if signal.SIGINT in received:
+                return _Ending(INTERRUPTED, "interrupted; stopped every rank")
+            if signal.SIGTERM in received:
+                return _Ending(SIGNAL_BASE + signal.SIGTERM, "the supervisor got SIGTERM")
+            if deadline is not None and time.monotonic() > deadline:
+                return _Ending(TIMED_OUT, f"timed out after {self.timeout:g} s")
+
+    def _children_ending(self) -> _Ending | None:
+        for child in self.children:
+            status = child.popen.poll()
+            if status is None:
+                continue
+            if child.rank is None:  # the launcher
+                if status == 0:
+                    return _Ending(0, "")
+                reason = f"{child.label} {describe_status(status)}"
+                return _Ending(exit_code(status), reason, launcher_failed=status)
+            if status != 0:
+                how = f"rank {child.rank} on host {self.hostname} {describe_status(status)}"
+                return _Ending(exit_code(status), how, child.rank, self.hostname)
+            self.heartbeats.mark_ended(child.rank)
+        if all(child.popen.returncode == 0 for child in self.children):
+            return _Ending(0, "")
+        return None
+
+    def _rank_ending(self) -> _Ending | None:
+        """A failure the launcher has not acted on within `grace` seconds."""
+        self.watchdog.watch([process.pid for process in self.tree.refresh()])
+        launcher = self.children[0] if self.children[0].rank is None else None
+        if launcher is None:
+            return None
+        self._notice_local_ends()
+        now = time.monotonic()
+        failed = self.heartbeats.first_failure()
+        if failed is not None:
+            since = self._bad_end_seen.setdefault(failed.rank, now)
+            if now - since >= self.grace:
+                reason = f"{_named(failed)} {describe_status(failed.status)}; stopped the job "
+                reason += f"({launcher.label} had not ended it {self.grace:g} s later)"
+                return _Ending(exit_code(failed.status), reason, failed.rank, failed.host)
+        orphan = self.tree.unreaped_failure(self.grace)
+        if orphan is not None:
+            status, process = orphan
+            reason = f"process {process.pid} ({_name(process)}) {describe_status(status)} and "
+            reason += f"{launcher.label} did not react for {self.grace:g} s; stopped the job"
+            return _Ending(exit_code(status), reason)
+        return None
+
+    def _notice_local_ends(self) -> None:
+        """Ranks on this machine that are gone without an end report (they did not tag their
+        output, or a child of theirs holds it open): their end is seen by their pid. The end
+        report is waited for a moment first: it comes in the order the ranks died, which a
+        poll of several pids cannot tell."""
+        now = time.monotonic()
+        for record in self.heartbeats.ranks.values():
+            if record.ended or record.host != self.hostname:
+                continue
+            status = exit_status(record.pid)
+            if status is None and pid_running(record.pid):
+                continue
+            if now - self._dead_since.setdefault(record.rank, now) >= END_REPORT_WAIT_SECONDS:
+                self.heartbeats.record_end(record, status)
+
+    def _stall_ending(self) -> _Ending | None:
+        if self.stall_timeout is None:
+            return None
+        now = time.monotonic()
+        stalled = self.heartbeats.stalled(now, self.stall_timeout)
+        if stalled is None:
+            return None
+        silence = now - stalled.last_beat
+        reason = f"{_named(stalled)} stalled (no heartbeat for {silence:.0f} s)"
+        return _Ending(TIMED_OUT, reason, stalled.rank, stalled.host)
+
+    def _teardown(self) -> None:
+        self.tree.stop(self.grace)
+        for child in self.children:
+            try:
+                child.popen.wait(timeout=self.grace)
+            except subprocess.TimeoutExpired:
+                child.popen.kill()
+                child.popen.wait()
+        for child in self.children:
+            for reader in child.readers:
+                reader.join(timeout=self.grace)
+        self.console.end_lines()
+        self.watchdog.close()
+        self.heartbeats.drain()  # the end reports of ranks that died with the launcher
+        self.heartbeats.close()
+
+    def _result(self, ending: _Ending) -> LaunchResult:
+        """Attach the tails, read only now that the readers are done (the last lines may
+        have been in flight). A failed launcher is explained by the rank that failed first."""
+        rank, host = ending.rank, ending.host
+        returncode, reason = ending.returncode, ending.reason
+        if ending.launcher_failed is not None:
+            failed = self.heartbeats.first_failure()
+            if failed is not None:
+                status = failed.status
+                if status is None:  # its parent reaped it first; trust a signal the launcher saw
+                    status = signal_in(ending.launcher_failed)
+                rank, host = failed.rank, failed.host
+                returncode = exit_code(status)
+                reason = f"{_named(failed)} {describe_status(status)}; {reason}"
+        local = self.children[0].rank is not None
+        if local:
+            culprit = next((c for c in self.children if c.rank == rank), None)
+            tail = tuple(culprit.tail) if culprit else ()
+            return LaunchResult(returncode, rank, host, reason, tail)
+        tails = self.tails
+        return LaunchResult(
+            returncode, rank, host, reason, tails.of_rank(rank), tails.of_launcher()
+        )
+
+
+def _named(record: RankRecord) -> str:
+    return f"rank {record.rank} on host {record.host}"
+
+
+def _name(process: psutil.Process) -> str:
+    try:
+        return process.name()
+    except psutil.Error:
+        return "?"
+
+
+@contextmanager
+def _signals_recorded() -> Iterator[set[int]]:
+    """While supervising from the main thread, SIGTERM (a scheduler or `kill` stopping the
+    launch) and SIGINT (Ctrl-C) are recorded instead of ending Python at once: the ranks are in
+    sessions of their own, so they would outlive the supervisor. Other threads cannot install
+    handlers; there the defaults stay."""
+    received: set[int] = set()
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+    previous = {
+        signum: signal.signal(signum, lambda number, frame: received.add(number))
+        for signum in (signal.SIGTERM, signal.SIGINT)
+    }
+    try:
+        yield received
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
