@@ -21,10 +21,15 @@ from toolkit.spec.load import parse_text
 
 def _check(args: argparse.Namespace) -> int:
     spec = load_spec(args.file)
+    head = (
+        f"ok: {args.file}: backend {spec.backend} ({spec.framework_name}), launcher {spec.launcher}"
+    )
+    if spec.fixed_world_size is None:
+        print(f"{head}, ranks from the launcher (the batch is checked against them at start)")
+        return 0
     batch = spec.batch_for()
     print(
-        f"ok: {args.file}: backend {spec.backend} ({spec.framework_name}), launcher "
-        f"{spec.launcher}, {spec.world_size} ranks, batch {batch.global_} = micro {batch.micro}"
+        f"{head}, {spec.world_size} ranks, batch {batch.global_} = micro {batch.micro}"
         f" x accumulation {batch.accumulation} x {batch.dp} data-parallel ranks"
     )
     return 0
