@@ -10,13 +10,16 @@ toolkit spec from-deepspeed ds.json [-o F] [--world-size N]
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from toolkit.commands._output import add_output, emit, warn
 from toolkit.render.deepspeed_import import spec_from_deepspeed
-from toolkit.spec import SpecError, dump_spec, load_spec
-from toolkit.spec.load import parse_text
+from toolkit.spec import dump_spec, load_spec
+from toolkit.spec.load import read_document
+from toolkit.userfiles import MIB
+
+DEEPSPEED_CONFIG_LIMIT = 1 * MIB
+"""Largest DeepSpeed config read (real ones are a few KiB)."""
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -41,13 +44,10 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _from_deepspeed(args: argparse.Namespace) -> int:
-    try:
-        text = Path(args.file).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise SpecError.single(
-            "deepspeed", args.file, f"must be a readable JSON file ({error.__class__.__name__})"
-        ) from None
-    imported = spec_from_deepspeed(parse_text(text, args.file), world_size=args.world_size)
+    config = read_document(
+        args.file, what="DeepSpeed config", field="deepspeed", limit=DEEPSPEED_CONFIG_LIMIT
+    )
+    imported = spec_from_deepspeed(config.data, world_size=args.world_size)
     for message in imported.warnings:
         warn(message)
     emit(
@@ -56,6 +56,13 @@ def _from_deepspeed(args: argparse.Namespace) -> int:
         args.output,
     )
     return 0
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: a whole number of ranks, at least 1."""
+    if not (text.isascii() and text.isdigit() and len(text) <= 6 and int(text) >= 1):
+        raise argparse.ArgumentTypeError(f"must be a whole number of ranks >= 1, not {text[:20]!r}")
+    return int(text)
 
 
 def register(subparsers: Any) -> None:
@@ -70,6 +77,6 @@ def register(subparsers: Any) -> None:
     show.set_defaults(func=_show)
     ds = actions.add_parser("from-deepspeed", help="turn a DeepSpeed config into a spec")
     ds.add_argument("file", help="ds_config.json")
-    ds.add_argument("--world-size", type=int, help="ranks the config was used with")
+    ds.add_argument("--world-size", type=_positive_int, help="ranks the config was used with")
     add_output(ds)
     ds.set_defaults(func=_from_deepspeed)

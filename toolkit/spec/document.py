@@ -12,8 +12,8 @@ stream (the parser is iterative) into plain data by our own rules:
 - Limits: nesting depth, values in all (aliases counted at their full expanded size, before
   anything is expanded), and the length of a number's text.
 - Duplicate keys are an error, at any depth.
-- The source text of every scalar that is not text (numbers, booleans, null) is kept by field
-  path (`Document.written`), so errors show `1:30:00` or `1e400` as written.
+- The source text of every unquoted scalar is kept by field path (`Document.written`), so
+  errors show `yes`, `1:30:00` or `1e400` as written (a quoted one is shown quoted).
 
 JSON is read by `json` with the same duplicate-key, depth and number-length rules.
 """
@@ -50,27 +50,30 @@ _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 @dataclass(frozen=True)
 class Document:
-    """Parsed data and the source text of its non-text scalars, by field path."""
+    """Parsed data, and the source text of its unquoted scalars (JSON: numbers) by field path."""
 
     data: Any
     written: dict[str, str] = field(default_factory=dict)
 
 
-def parse_document(text: str, source: str) -> Document:
+def parse_document(text: str, source: str, *, root: str = "") -> Document:
     """Plain data from YAML or JSON text (JSON when `source` ends in .json); SpecError naming
-    `source` when it does not parse or breaks a limit."""
+    `source` when it does not parse or breaks a limit. `root` prefixes the paths of problems
+    ("deepspeed" for a DeepSpeed config; a spec's paths start at its sections)."""
     if source.endswith(".json"):
-        return _parse_json(text, source)
-    return _YamlBuilder(source).build(text)
+        return _parse_json(text, source, root)
+    return _YamlBuilder(source, root).build(text)
 
 
-def _refuse(source: str, problem: str, hint: str) -> SpecError:
-    return SpecError.single("spec", source, problem, hint=hint)
+def _refuse(source: str, problem: str, hint: str, root: str = "") -> SpecError:
+    return SpecError.single(root or "spec", source, problem, hint=hint)
 
 
 def _too_deep(path: str) -> SpecIssue:
+    # "a[0][0][0]...[0]" 32 times says nothing more than "a[0][0][...]".
+    shown = re.sub(r"((?:\[[0-9]+\]){2})(?:\[[0-9]+\]|\.[^.\[]*)+$", r"\1[...]", path)
     return SpecIssue(
-        path=path or "spec",
+        path=shown or "spec",
         value=None,
         written="...",
         allowed=f"nests deeper than {MAX_DEPTH} levels",
@@ -114,8 +117,9 @@ class _Open:
 
 
 class _YamlBuilder:
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, root: str) -> None:
         self.source = source
+        self.root = root
         self.stack: list[_Open] = []
         self.anchors: dict[str, tuple[Any, int]] = {}
         self.nodes = 0
@@ -129,17 +133,17 @@ class _YamlBuilder:
                 self._event(event)
         except (yaml.YAMLError, UnicodeError) as error:
             detail = " ".join(str(error).split())[:200]
-            raise _refuse(
-                self.source, f"is not valid YAML: {detail}", "check the file's syntax"
-            ) from None
+            raise self._refusal(f"is not valid YAML: {detail}", "check the file's syntax") from None
         self.issues.raise_if_any()
         if len(self.roots) > 1:
-            raise _refuse(
-                self.source,
+            raise self._refusal(
                 "holds several YAML documents",
                 "keep one document (one '---') per file",
             )
         return Document(self.roots[0] if self.roots else None, self.written)
+
+    def _refusal(self, problem: str, hint: str) -> SpecError:
+        return _refuse(self.source, problem, hint, self.root)
 
     def _event(self, event: yaml.Event) -> None:
         if isinstance(event, yaml.ScalarEvent):
@@ -150,14 +154,14 @@ class _YamlBuilder:
         elif isinstance(event, yaml.MappingEndEvent | yaml.SequenceEndEvent):
             done = self.stack.pop()
             if done.has_key:  # a key without a value cannot happen in a well-formed stream
-                raise _refuse(self.source, "has a key without a value", "check the file's syntax")
+                raise self._refusal("has a key without a value", "check the file's syntax")
             self._add(done.value, done.size, done.anchor)
         elif isinstance(event, yaml.AliasEvent):
             self._alias(event)
 
     def _child_path(self) -> str:
         if not self.stack:
-            return ""
+            return self.root
         top = self.stack[-1]
         if isinstance(top.value, list):
             return f"{top.path}[{len(top.value)}]"
@@ -168,8 +172,7 @@ class _YamlBuilder:
     def _count(self, size: int) -> None:
         self.nodes += size
         if self.nodes > MAX_NODES:
-            raise _refuse(
-                self.source,
+            raise self._refusal(
                 f"holds more than {MAX_NODES} values (aliases counted expanded)",
                 "write the spec out plainly; aliases must not multiply it",
             )
@@ -189,8 +192,7 @@ class _YamlBuilder:
     def _alias(self, event: yaml.AliasEvent) -> None:
         anchor = str(event.anchor)
         if anchor not in self.anchors:
-            raise _refuse(
-                self.source,
+            raise self._refusal(
                 f"uses alias *{cut(anchor, 40)} before (or inside) its anchor",
                 "define &anchor on a complete value before using *anchor",
             )
@@ -254,7 +256,7 @@ class _YamlBuilder:
         if kind not in ("resolve", "null", "bool", "int", "float"):
             self._bad_tag(str(tag))
         value = self._resolve(text, kind, path)
-        if not isinstance(value, str) and not self._at_key():
+        if not self._at_key():
             self.written[path] = text
         return value
 
@@ -291,8 +293,7 @@ class _YamlBuilder:
         return None
 
     def _bad_tag(self, tag: str) -> None:
-        raise _refuse(
-            self.source,
+        raise self._refusal(
             f"uses the YAML tag {cut(tag, 60)}",
             "a spec holds plain values: remove the tag",
         )
@@ -325,7 +326,7 @@ def _json_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return marked
 
 
-def _parse_json(text: str, source: str) -> Document:
+def _parse_json(text: str, source: str, root: str) -> Document:
     numbers: list[str] = []
 
     def number(kind: type[int] | type[float]) -> Any:
@@ -348,19 +349,21 @@ def _parse_json(text: str, source: str) -> Document:
             parse_constant=constant,
         )
     except RecursionError:
-        raise _refuse(source, f"nests deeper than {MAX_DEPTH} levels", "check the file") from None
+        too_deep = f"nests deeper than {MAX_DEPTH} levels"
+        raise _refuse(source, too_deep, "check the file", root) from None
     except ValueError as error:
         detail = " ".join(str(error).split())[:200]
-        raise _refuse(source, f"is not valid JSON: {detail}", "check the file's syntax") from None
-    return _walk_json(data, numbers)
+        invalid = f"is not valid JSON: {detail}"
+        raise _refuse(source, invalid, "check the file's syntax", root) from None
+    return _walk_json(data, numbers, root)
 
 
-def _walk_json(data: Any, numbers: list[str]) -> Document:
+def _walk_json(data: Any, numbers: list[str], root: str) -> Document:
     """Check limits and duplicates, and pair each number with its text, in document order."""
     issues = IssueList()
     written: dict[str, str] = {}
     texts = iter(numbers)
-    stack: list[tuple[str, Any, int]] = [("", data, 0)]
+    stack: list[tuple[str, Any, int]] = [(root, data, 0)]
     nodes = 0
     while stack:
         path, value, depth = stack.pop()
@@ -395,7 +398,7 @@ def _walk_json(data: Any, numbers: list[str]) -> Document:
     if nodes > MAX_NODES:
         issues.add(
             SpecIssue(
-                path="spec",
+                path=root or "spec",
                 value=None,
                 written="...",
                 allowed=f"holds more than {MAX_NODES} values",

@@ -17,19 +17,16 @@ SPEC_LIMIT = 1 * MIB
 """Largest spec file read (a spec is a few hundred bytes; a long host list a few hundred KiB)."""
 
 
-def read_document(path: str | os.PathLike[str], *, what: str, limit: int = SPEC_LIMIT) -> Document:
-    """A YAML/JSON file (`what` names it in messages) read within `limit` bytes and parsed;
-    SpecError when it cannot be read or parsed."""
+def read_document(
+    path: str | os.PathLike[str], *, what: str, field: str = "spec", limit: int = SPEC_LIMIT
+) -> Document:
+    """A YAML/JSON file read within `limit` bytes and parsed; SpecError at `field` when it
+    cannot be read or parsed (`what` names the file in the message)."""
     try:
         text = read_text(path, limit=limit, what=what, hint=f"check the {what}'s path")
     except UserFileError as error:
-        raise SpecError.single(what, str(path), error.reason, hint=error.hint) from None
-    return parse_document(text, str(path))
-
-
-def parse_text(text: str, source: str) -> Any:
-    """Plain data from YAML or JSON text; SpecError naming `source` when it does not parse."""
-    return parse_document(text, source).data
+        raise SpecError.single(field, str(path), error.reason, hint=error.hint) from None
+    return parse_document(text, str(path), root="" if field == "spec" else field)
 
 
 def load_spec(source: str | os.PathLike[str] | dict[str, Any]) -> TrainSpec:

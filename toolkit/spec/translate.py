@@ -12,8 +12,10 @@ The spec's own validators raise two custom error types (see `toolkit.spec.fields
 from __future__ import annotations
 
 import difflib
+import re
 import typing
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
@@ -28,6 +30,7 @@ _BOUNDS = {
 }
 _NUMBER_TYPES = {"int_type", "int_parsing", "int_from_float", "float_type", "float_parsing"}
 _GENERIC_HINT = "`toolkit spec schema` lists every field and what it takes"
+_NUMERIC = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
 
 
 def join_path(base: str, part: str) -> str:
@@ -75,30 +78,29 @@ def _issues(
             base = loc_path(loc[:-1])
             for issue in ctx["issues"]:
                 path = join_path(base, issue.path)
-                yield _with_written(issue, path, texts)
+                yield replace(issue, path=path, written=texts.get(path, issue.written))
             continue
         path = loc_path(loc) or "spec"
         if detail["type"] == "invalid_key" and loc[-1:] != ("[key]",):
             path = join_path(loc_path(loc[:-1]), str(loc[-1]))  # a key of the model itself
-        allowed, hint = describe(detail["type"], detail.get("input"), ctx, root, loc)
-        issue = SpecIssue(path=path, value=detail.get("input"), allowed=allowed, hint=hint)
-        yield _with_written(issue, path, texts)
-
-
-def _with_written(issue: SpecIssue, path: str, written: Mapping[str, str]) -> SpecIssue:
-    return SpecIssue(
-        path=path,
-        value=issue.value,
-        allowed=issue.allowed,
-        hint=issue.hint,
-        written=written.get(path, issue.written),
-    )
+        value, written = detail.get("input"), texts.get(path)
+        allowed, hint = describe(
+            detail["type"], value, ctx, root, loc, unquoted=written is not None
+        )
+        yield SpecIssue(path=path, value=value, allowed=allowed, hint=hint, written=written)
 
 
 def describe(
-    kind: str, value: Any, ctx: Mapping[str, Any], root: type[BaseModel], loc: tuple[Any, ...]
+    kind: str,
+    value: Any,
+    ctx: Mapping[str, Any],
+    root: type[BaseModel],
+    loc: tuple[Any, ...],
+    *,
+    unquoted: bool = False,
 ) -> tuple[str, str]:
-    """(allowed, hint) for one pydantic error."""
+    """(allowed, hint) for one pydantic error; `unquoted` when a text value was written
+    without quotes in a YAML file (so "remove the quotes" would be wrong)."""
     if kind == "spec_field":
         return str(ctx["allowed"]), str(ctx["hint"])
     if kind == "extra_forbidden":
@@ -107,15 +109,16 @@ def describe(
         return "keys must be names (text)", "write the key as a name, e.g. MY_VARIABLE"
     if kind in _NUMBER_TYPES:
         whole = kind.startswith("int")
-        return ("must be an integer" if whole else "must be a number"), _number_hint(value, whole)
+        allowed = "must be an integer" if whole else "must be a number"
+        return allowed, _number_hint(value, whole, unquoted)
     if kind == "finite_number":
         return "must be a finite number", "write an ordinary number, not .inf, .nan or 1e400"
     if kind in ("bool_type", "bool_parsing"):
-        return "must be true or false", _bool_hint(value)
+        return "must be true or false", _bool_hint(value, unquoted)
     if kind == "string_type":
         return "must be a string", _string_hint(value)
     if kind == "literal_error":
-        return _choice(value, _literal_choices(_annotation_at(root, loc)))
+        return _choice(value, _literal_choices(_annotation_at(root, loc)), unquoted)
     if kind in _BOUNDS:
         name, sign = _BOUNDS[kind]
         bound = ctx.get(name)
@@ -150,12 +153,14 @@ def _unknown_key(loc: tuple[Any, ...], root: type[BaseModel]) -> tuple[str, str]
     return "unknown key; allowed keys: " + ", ".join(keys), hint
 
 
-def _number_hint(value: Any, whole: bool) -> str:
-    example = "a whole number, e.g. 4" if whole else "a number, e.g. 0.001"
+def _number_hint(value: Any, whole: bool, unquoted: bool) -> str:
+    example = "a whole number, e.g. 4" if whole else "a number, e.g. 0.001 or 1e-3"
     if isinstance(value, bool):
         return f"write {example}, not true/false"
     if isinstance(value, str):
-        return "remove the quotes" if _looks_numeric(value) else f"write {example}"
+        if not unquoted and _NUMERIC.fullmatch(value.strip()[:100]):
+            return "remove the quotes"
+        return f"write {example}, without units, underscores or quotes"
     if isinstance(value, float) and whole:
         return "write a whole number, without a decimal point or exponent"
     if value is None:
@@ -165,17 +170,11 @@ def _number_hint(value: Any, whole: bool) -> str:
     return f"write {example}"
 
 
-def _looks_numeric(text: str) -> bool:
-    try:
-        float(text.strip()[:100])
-    except ValueError:
-        return False
-    return True
-
-
-def _bool_hint(value: Any) -> str:
+def _bool_hint(value: Any, unquoted: bool) -> str:
     if isinstance(value, str):
-        return "write true or false without quotes (yes, no, on and off are text in a spec)"
+        if not unquoted and value.strip().lower() in ("true", "false"):
+            return "remove the quotes"
+        return "write true or false (yes, no, on and off are text in a spec)"
     if value is None:
         return "write true or false, or remove the key to use the default"
     return "write true or false"
@@ -189,7 +188,7 @@ def _string_hint(value: Any) -> str:
     return "write one text value"
 
 
-def _choice(value: Any, choices: list[Any]) -> tuple[str, str]:
+def _choice(value: Any, choices: list[Any], unquoted: bool) -> tuple[str, str]:
     allowed = "allowed " + ", ".join(str(choice) for choice in choices)
     names = [str(choice) for choice in choices]
     hint = "use one of the allowed values"
@@ -197,7 +196,7 @@ def _choice(value: Any, choices: list[Any]) -> tuple[str, str]:
         text = value.strip()[:100]
         close = [name for name in names if name.lower() == text.lower()]
         close = close or difflib.get_close_matches(text, names, n=1)
-        if text in names:
+        if text in names and not unquoted:
             hint = "remove the quotes"
         elif close:
             hint = f"did you mean {close[0]!r}?"
