@@ -31,7 +31,7 @@ from toolkit.errors import ToolkitError
 COMMANDS = {
     "doctor": "check that the engines and launchers are installed and work together",
     "config": "render an engine's or launcher's configuration from a spec",
-    "spec": "check, show or import (from a DeepSpeed config) a spec",
+    "spec": "check or show a spec, print its JSON Schema, import a DeepSpeed config",
     "launch": "start a job under the spec's launcher (or --dry-run to see it)",
     "parity": "prove every engine trains the same model to the same weights",
 }

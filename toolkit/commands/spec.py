@@ -2,6 +2,7 @@
 
 toolkit spec check train.yaml                 one line: valid, and what it resolves to
 toolkit spec show train.yaml                  the full spec with every default, as YAML
+toolkit spec schema [-o FILE]                 the spec's JSON Schema (docs/spec.schema.json)
 toolkit spec from-deepspeed ds.json [-o F] [--world-size N]
     a spec from an existing DeepSpeed config; dropped, "auto" or defaulted keys are
     warned about on stderr by name, and what the spec cannot express is an error
@@ -16,6 +17,7 @@ from toolkit.commands._output import add_output, emit, warn
 from toolkit.render.deepspeed_import import spec_from_deepspeed
 from toolkit.spec import dump_spec, load_spec
 from toolkit.spec.load import read_document
+from toolkit.spec.schema import schema_text
 from toolkit.userfiles import MIB
 
 DEEPSPEED_CONFIG_LIMIT = 1 * MIB
@@ -40,6 +42,11 @@ def _check(args: argparse.Namespace) -> int:
 
 def _show(args: argparse.Namespace) -> int:
     emit(dump_spec(load_spec(args.file)), args.output)
+    return 0
+
+
+def _schema(args: argparse.Namespace) -> int:
+    emit(schema_text(), args.output)
     return 0
 
 
@@ -75,6 +82,9 @@ def register(subparsers: Any) -> None:
     show.add_argument("file")
     add_output(show)
     show.set_defaults(func=_show)
+    schema = actions.add_parser("schema", help="print the spec's JSON Schema (for editors)")
+    add_output(schema)
+    schema.set_defaults(func=_schema)
     ds = actions.add_parser("from-deepspeed", help="turn a DeepSpeed config into a spec")
     ds.add_argument("file", help="ds_config.json")
     ds.add_argument("--world-size", type=_positive_int, help="ranks the config was used with")

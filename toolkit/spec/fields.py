@@ -198,4 +198,14 @@ def _env_names(value: dict[str, str]) -> dict[str, str]:
     return value
 
 
-Env = Annotated[dict[str, str], BeforeValidator(_env_values), AfterValidator(_env_names)]
+Env = Annotated[
+    dict[str, str],
+    BeforeValidator(_env_values),
+    AfterValidator(_env_names),
+    Field(
+        json_schema_extra={
+            "propertyNames": {"pattern": f"^{_ENV_NAME.pattern}$"},
+            "additionalProperties": {"type": ["string", "integer"]},
+        }
+    ),
+]
