@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 from toolkit.render.deepspeed import deepspeed_config
 from toolkit.render.deepspeed_import import spec_from_deepspeed
 from toolkit.spec import SpecError, TrainSpec, load_spec
-from toolkit.spec.document import parse_document
+from toolkit.spec.load import parse_document
 
 pytestmark = pytest.mark.fuzz
 

@@ -1,4 +1,4 @@
-"""Reading and writing spec files (YAML or JSON; JSON is YAML, but its errors read better)."""
+"""Reading and writing spec files (YAML or JSON), and any YAML/JSON file a user hands over."""
 
 from __future__ import annotations
 
@@ -8,13 +8,25 @@ from typing import Any
 
 import yaml
 
-from toolkit.spec.document import Document, parse_document
+from toolkit.spec.document import Document
 from toolkit.spec.errors import SpecError
+from toolkit.spec.json_reader import read_json
 from toolkit.spec.model import TrainSpec, build_spec
+from toolkit.spec.yaml_reader import read_yaml
 from toolkit.userfiles import MIB, UserFileError, read_text
 
 SPEC_LIMIT = 1 * MIB
 """Largest spec file read (a spec is a few hundred bytes; a long host list a few hundred KiB)."""
+
+
+def parse_document(text: str, source: str, *, root: str = "") -> Document:
+    """Plain data from YAML or JSON text (JSON when `source` ends in .json: YAML reads JSON
+    too, but JSON's own errors read better); SpecError naming `source` when it does not parse
+    or breaks a limit. `root` prefixes the paths of problems ("deepspeed" for a DeepSpeed
+    config; a spec's paths start at its sections)."""
+    if source.endswith(".json"):
+        return read_json(text, source, root)
+    return read_yaml(text, source, root)
 
 
 def read_document(

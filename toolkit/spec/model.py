@@ -257,8 +257,8 @@ def build_spec(
 ) -> TrainSpec:
     """Validate plain data into a TrainSpec; every problem comes back in one SpecError.
 
-    `written` maps field paths to the text the user wrote there (from `toolkit.spec.document`),
-    so values are shown as written.
+    `written` maps field paths to the text the user wrote there (`Document.written`), so
+    values are shown as written.
     """
     if isinstance(data, Mapping) and not isinstance(data, dict):
         data = dict(data)
