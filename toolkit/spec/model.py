@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from functools import cached_property
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator
@@ -199,7 +198,7 @@ class TrainSpec(Section):
         """The launcher, resolved from the backend when not given."""
         return rules.launcher_of(self.backend, self.framework, self.launch)
 
-    @cached_property
+    @property
     def hosts(self) -> tuple[Host, ...]:
         """Parsed hosts; empty means this machine."""
         return rules.hosts_of(self.launch)

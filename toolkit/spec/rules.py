@@ -53,14 +53,38 @@ def launcher_of(backend: str, framework: str | None, launch: LaunchSpec) -> engi
 
 
 def hosts_of(launch: LaunchSpec) -> tuple[Host, ...]:
-    return tuple(parse_host(text) for text in launch.hosts)
+    """The parsed hosts."""
+    return _parsed_hosts(launch.hosts)[1]
 
 
 def fixed_world_size(launch: LaunchSpec) -> int | None:
     """Processes the spec itself fixes: launch.np, else the hosts' slots; None = the launcher's."""
     if launch.np is not None:
         return launch.np
-    return sum(host.slots for host in hosts_of(launch)) or None
+    return _parsed_hosts(launch.hosts)[2] or None
+
+
+_PARSED: dict[int, tuple[tuple[str, ...], tuple[Host, ...], int]] = {}
+_PARSED_KEPT = 32
+
+
+def _parsed_hosts(entries: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[Host, ...], int]:
+    """(entries, hosts, slots summed), parsed once per host list.
+
+    Renderers ask for the hosts and the world size once per rank, so a parse per call is
+    quadratic in a long list; a cache keyed by the tuple's value would hash the whole tuple
+    on every call (tuples do not keep their hash). The key is the tuple's identity instead,
+    checked (`is`) against the tuple kept in the entry, so a reused id cannot hit.
+    """
+    hit = _PARSED.get(id(entries))
+    if hit is not None and hit[0] is entries:
+        return hit
+    hosts = tuple(parse_host(text) for text in entries)
+    hit = (entries, hosts, sum(host.slots for host in hosts))
+    if len(_PARSED) >= _PARSED_KEPT:
+        _PARSED.pop(next(iter(_PARSED)), None)
+    _PARSED[id(entries)] = hit
+    return hit
 
 
 def replicas_per_process(backend: str, framework: str | None, tf: TfSpec, world: int) -> int:
