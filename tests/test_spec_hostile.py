@@ -44,6 +44,8 @@ REPRODUCERS: dict[str, tuple[str, str, str]] = {
     "alias before anchor": ("s.yaml", "a: *x\nb: &x 1\n", "spec"),
     "list as key": ("s.yaml", "? [a, b]\n: 1\n", "<key>"),
     "np yes": ("s.yaml", "launch: {np: yes}\n", "launch.np"),
+    "empty file": ("s.yaml", "", "spec"),
+    "number as a variable name": ("s.yaml", "launch: {env: {1: x}}\n", "launch.env.1"),
 }
 
 

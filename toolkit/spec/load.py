@@ -51,6 +51,13 @@ def load_spec(source: str | os.PathLike[str] | dict[str, Any]) -> TrainSpec:
         return TrainSpec.from_dict(source)
     path = Path(source)
     document = read_document(path, what="spec")
+    if document.data is None:
+        raise SpecError.single(
+            "spec",
+            str(path),
+            "is empty",
+            hint="a spec holds at least its backend, e.g. backend: ddp",
+        )
     return build_spec(document.data, base_dir=str(path.parent), written=document.written)
 
 

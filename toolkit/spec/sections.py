@@ -31,7 +31,7 @@ HorovodOp = Literal["average", "sum", "adasum"]
 TfCommunication = Literal["ring", "nccl", "auto"]
 MultinodeLauncher = Literal["pdsh", "openmpi", "mvapich", "slurm"]
 
-PathText = Annotated[str, Text("a path", "write the path without control characters")]
+PathText = Annotated[str, Text("a path", "write a non-empty path on one line")]
 DNS_LABEL = r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?"
 SLURM_TIME = r"(?:[0-9]+-)?[0-9]+(?::[0-9]{1,2}){0,2}"
 

@@ -83,6 +83,14 @@ def _issues(
         path = loc_path(loc) or "spec"
         if detail["type"] == "invalid_key" and loc[-1:] != ("[key]",):
             path = join_path(loc_path(loc[:-1]), str(loc[-1]))  # a key of the model itself
+        if loc[-1:] == ("[key]",):  # a mapping's key, not its value, is wrong
+            yield SpecIssue(
+                path=path,
+                value=detail.get("input"),
+                allowed="names must be text",
+                hint="write the name as text starting with a letter, e.g. MY_VARIABLE",
+            )
+            continue
         value, written = detail.get("input"), texts.get(path)
         allowed, hint = describe(
             detail["type"], value, ctx, root, loc, unquoted=written is not None
