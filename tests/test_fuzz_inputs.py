@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 from toolkit.render.deepspeed import deepspeed_config
 from toolkit.render.deepspeed_import import spec_from_deepspeed
 from toolkit.spec import SpecError, TrainSpec, load_spec
+from toolkit.spec.errors import MAX_MESSAGE_CHARS
 from toolkit.spec.load import parse_document
 
 pytestmark = pytest.mark.fuzz
@@ -45,7 +46,8 @@ FUZZ = settings(
     suppress_health_check=list(HealthCheck),
 )
 PRESETS = Path(__file__).resolve().parents[1] / "ds_configs" / "specs"
-MAX_LINE = 8000
+MAX_LINE = MAX_MESSAGE_CHARS + 1000
+"""The message's bound, plus room for its first issue (always shown) and the count."""
 
 VALID: list[dict[str, Any]] = [
     {},

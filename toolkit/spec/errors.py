@@ -6,7 +6,8 @@ path), what was given (as the user wrote it), what is allowed and what to change
 
 Whatever a spec holds, its message stays one short line: every value shown is cut to
 `MAX_VALUE_CHARS` (and rendered without `repr`, which would walk a huge or deep value whole),
-every path to `MAX_PATH_CHARS`, and at most `MAX_SHOWN` issues are listed ("... and N more").
+every path to `MAX_PATH_CHARS`, and at most `MAX_SHOWN` issues, or as many as fit in
+`MAX_MESSAGE_CHARS`, are listed ("... and N more").
 """
 
 from __future__ import annotations
@@ -21,10 +22,14 @@ from toolkit.errors import ToolkitError
 MAX_VALUE_CHARS = 80
 MAX_PATH_CHARS = 120
 MAX_SHOWN = 20
-"""Issues listed in the one-line message."""
+"""Issues listed in the one-line message, at most."""
+MAX_MESSAGE_CHARS = 4000
+"""Length of the one-line message, past which no further issue is listed."""
 MAX_KEPT = 200
 """Issues kept in `SpecError.issues`; beyond that they are only counted."""
 _MAX_RENDER_DEPTH = 3
+_MAX_TEXT_CHARS = 400
+"""What is allowed and the hint are the toolkit's words, but may quote a user's."""
 
 
 def cut(text: str, limit: int = MAX_VALUE_CHARS) -> str:
@@ -128,8 +133,8 @@ class SpecIssue:
         return cut(path, MAX_PATH_CHARS)
 
     def one_line(self) -> str:
-        line = f"{self.shown_path()}={self.shown_value()}: {self.allowed}"
-        return f"{line} HINT: {self.hint}" if self.hint else line
+        line = f"{self.shown_path()}={self.shown_value()}: {cut(self.allowed, _MAX_TEXT_CHARS)}"
+        return f"{line} HINT: {cut(self.hint, _MAX_TEXT_CHARS)}" if self.hint else line
 
 
 class SpecError(ToolkitError):
@@ -147,7 +152,14 @@ class SpecError(ToolkitError):
         self.issues: tuple[SpecIssue, ...] = tuple(kept)
         self.more = more
         """Issues found beyond `issues` (counted, not kept)."""
-        lines = [issue.one_line() for issue in self.issues[:MAX_SHOWN]]
+        lines: list[str] = []
+        length = 0
+        for issue in self.issues[:MAX_SHOWN]:
+            line = issue.one_line()
+            if lines and length + len(line) > MAX_MESSAGE_CHARS:
+                break
+            lines.append(line)
+            length += len(line) + 2
         hidden = len(self.issues) - len(lines) + more
         if hidden:
             lines.append(f"... and {hidden} more")
