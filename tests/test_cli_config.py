@@ -160,7 +160,7 @@ def test_bad_spec_line_names_every_issue(
     capsys: pytest.CaptureFixture[str], bad_spec: Path
 ) -> None:
     _, _, err = run(capsys, "config", "deepspeed", "--spec", str(bad_spec))
-    assert "optimizer.name='lamb': allowed sgd, adam, adamw" in err
+    assert "optimizer.name=lamb: allowed sgd, adam, adamw" in err  # as the file wrote it
     assert "batch.global=250: must equal micro(16) \u00d7 accumulation(2)" in err
 
 
@@ -207,3 +207,34 @@ def test_python_m_toolkit_exits_2_on_a_bad_spec(bad_spec: Path) -> None:
     )
     assert done.returncode == 2 and done.stdout == ""
     assert len(done.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize("mode", ["--check", "--write"])
+def test_config_presets_on_a_wrong_directory_exits_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, mode: str
+) -> None:
+    for directory in (tmp_path / "missing", tmp_path):  # absent; present but without specs/
+        code, out, err = run(capsys, "config", "presets", mode, str(directory))
+        assert (code, out) == (2, "")
+        assert err.count("\n") == 1 and "no specs/*.yaml" in err and "HINT:" in err
+    assert list(tmp_path.iterdir()) == []  # --write wrote nothing
+
+
+def test_an_unexpected_exception_is_one_line_naming_its_report(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    spec_file: Path,
+    tmp_path: Path,
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+    def broken(spec: object) -> str:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr("toolkit.commands.config.hostfile", broken)
+    code, out, err = run(capsys, "config", "hostfile", "--spec", str(spec_file))
+    assert (code, out) == (70, "")
+    assert err.count("\n") == 1 and "internal error" in err and "RuntimeError: boom" in err
+    report = Path(err.split("the full traceback is in ", 1)[1].strip())
+    assert report.parent == tmp_path / "cache" / "toolkit" / "logs"
+    assert "Traceback" in report.read_text() and "RuntimeError: boom" in report.read_text()

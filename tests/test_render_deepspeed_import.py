@@ -132,3 +132,50 @@ def test_imported_values_are_still_validated() -> None:
                 "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}},
             }
         )
+
+
+def test_json_whole_number_floats_are_integers() -> None:
+    imported = spec_from_deepspeed(
+        {
+            "train_batch_size": 16.0,
+            "train_micro_batch_size_per_gpu": 2,
+            "gradient_clipping": 1.0,
+            "zero_optimization": {
+                "stage": 2,
+                "reduce_bucket_size": 5e8,
+                "allgather_bucket_size": 2e8,
+            },
+        },
+        world_size=8,
+    )
+    assert imported.spec.zero.reduce_bucket_size == 500_000_000
+    assert imported.spec.zero.allgather_bucket_size == 200_000_000
+    assert imported.spec.batch_for().global_ == 16
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"zero_optimization": {"offload_optimizer": {"pin_memory": []}}},
+        {"zero_optimization": {"offload_optimizer": {"pin_memory": {}}, "offload_param": {}}},
+        {"optimizer": {"type": 10**5000, "params": {"lr": 0.1}}},
+        [1, 2],
+    ],
+)
+def test_odd_configs_end_in_a_spec_error(config: object) -> None:
+    with pytest.raises(SpecError) as caught:
+        spec_from_deepspeed(config)
+    assert all(issue.hint for issue in caught.value.issues)
+    assert "\n" not in caught.value.one_line() and len(caught.value.one_line()) < 8000
+
+
+def test_warnings_show_huge_values_shortened() -> None:
+    imported = spec_from_deepspeed(
+        {
+            "train_micro_batch_size_per_gpu": 1,
+            "prescale_gradients": [1] * 10**5,
+            "communication_data_type": "x" * 10**6,
+        }
+    )
+    assert len(imported.warnings) >= 2
+    assert all(len(message) < 300 for message in imported.warnings)

@@ -149,7 +149,8 @@ def test_all_issues_come_back_together_in_one_line() -> None:
     error = caught.value
     assert isinstance(error, ToolkitError)
     paths = [issue.path for issue in error.issues]
-    assert paths == ["unknown", "optimizer.name", "optimizer.lr", "zero.stage", "batch.global"]
+    # In the order the sections were written.
+    assert paths == ["batch.global", "optimizer.name", "optimizer.lr", "zero.stage", "unknown"]
     line = error.one_line()
     assert "\n" not in line
     assert "optimizer.name='lamb': allowed sgd, adam, adamw" in line
@@ -188,7 +189,14 @@ def test_unknown_keys_get_a_did_you_mean() -> None:
         ({"optimizer": {"name": "sgd", "nesterov": True}}, "optimizer.nesterov"),
         ({"backend": "tf", "framework": "torch"}, "framework"),
         ({"backend": "horovod", "launch": {"launcher": "deepspeed"}}, "launch.launcher"),
-        ({"backend": "horovod", "launch": {"launcher": "mpirun"}}, "horovod.controller"),
+        (
+            {
+                "backend": "horovod",
+                "launch": {"launcher": "mpirun"},
+                "horovod": {"controller": "gloo"},
+            },
+            "horovod.controller",
+        ),
         (
             {"backend": "deepspeed", "zero": {"stage": 2, "offload_params": "cpu"}},
             "zero.offload_params",
@@ -245,7 +253,7 @@ def test_files_that_do_not_parse_are_spec_errors(tmp_path: Path) -> None:
     (tmp_path / "bad.yaml").write_text("batch: {global: [\n")
     with pytest.raises(SpecError, match="not valid YAML"):
         load_spec(tmp_path / "bad.yaml")
-    with pytest.raises(SpecError, match="readable"):
+    with pytest.raises(SpecError, match="cannot open the spec"):
         load_spec(tmp_path / "missing.yaml")
 
 
@@ -259,8 +267,11 @@ def test_python_built_specs_are_validated_too() -> None:
     )
     assert spec.batch_for().global_ == 16
     with pytest.raises(SpecError) as caught:
-        TrainSpec(seed="x", optimizer=OptimizerSpec(lr=0), launch=LaunchSpec(hosts=("a b",)))  # type: ignore[arg-type]
-    assert [i.path for i in caught.value.issues] == ["seed", "optimizer.lr", "launch.hosts[0]"]
+        TrainSpec(seed="x", optimizer={"lr": 0}, launch=LaunchSpec(np=2, hosts=("a:1",)))  # type: ignore[arg-type]
+    assert [i.path for i in caught.value.issues] == ["seed", "optimizer.lr", "launch.np"]
+    with pytest.raises(SpecError) as caught:
+        OptimizerSpec(lr=0, momentum="0.9")  # type: ignore[arg-type]
+    assert [i.path for i in caught.value.issues] == ["lr", "momentum"]
 
 
 def test_linear_lr_scaling_multiplies_by_data_parallel_ranks() -> None:
@@ -269,3 +280,44 @@ def test_linear_lr_scaling_multiplies_by_data_parallel_ranks() -> None:
     )
     assert spec.effective_lr() == pytest.approx(0.4)
     assert spec.effective_lr(8) == pytest.approx(0.8)
+
+
+def test_horovod_controller_follows_the_launcher_unless_written() -> None:
+    under_mpirun = TrainSpec.from_dict({"backend": "horovod", "launch": {"launcher": "mpirun"}})
+    assert under_mpirun.horovod.controller == "mpi"
+    assert under_mpirun.to_dict()["horovod"]["controller"] is None  # what the user wrote
+    assert TrainSpec.from_dict(under_mpirun.to_dict()) == under_mpirun
+    assert TrainSpec(backend="horovod").horovod.controller == "gloo"  # horovodrun's default
+    written = {"backend": "horovod", "horovod": {"controller": "mpi"}}
+    assert TrainSpec.from_dict(written).horovod.controller == "mpi"  # horovodrun --mpi
+    with pytest.raises(SpecError) as caught:
+        TrainSpec.from_dict(
+            {**written, "horovod": {"controller": "gloo"}, "launch": {"launcher": "mpirun"}}
+        )
+    assert "horovod.controller='gloo'" in caught.value.one_line()
+
+
+def test_world_size_checks_wait_for_the_launcher_when_the_spec_leaves_it_open() -> None:
+    pipeline = {"backend": "deepspeed", "pipeline": {"stages": 2}, "batch": {"global": 8}}
+    spec = TrainSpec.from_dict(pipeline)  # deepspeed --num_gpus 2 decides the world
+    assert spec.fixed_world_size is None
+    assert spec.batch_for(2) == ResolvedBatch(global_=8, micro=8, accumulation=1, dp=1)
+    with pytest.raises(SpecError) as at_start:
+        spec.batch_for(3)
+    with pytest.raises(SpecError) as at_load:
+        TrainSpec.from_dict({**pipeline, "launch": {"np": 3}})
+    assert at_start.value.one_line() == at_load.value.one_line()
+    assert "pipeline.stages=2: must divide the world size (3)" in at_load.value.one_line()
+
+
+@pytest.mark.parametrize(
+    ("data", "path"),
+    [
+        ({"backend": "tf", "tf": {"port": 65535}, "launch": {"np": 2}}, "tf.port"),
+        ({"backend": "tf", "tf": {"port": 65534}, "launch": {"hosts": ["localhost:3"]}}, "tf.port"),
+    ],
+)
+def test_port_ranges_end_at_65535(data: dict[str, object], path: str) -> None:
+    assert issues_of(data) == [path]
+    ddp = {"backend": "ddp", "tf": {"port": 65535}, "launch": {"np": 2}}
+    assert TrainSpec.from_dict(ddp).tf.port == 65535  # ddp does not use tf.port

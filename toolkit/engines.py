@@ -60,8 +60,20 @@ LAUNCHER_ENVIRONMENTS: dict[Launcher, tuple[Environment, ...]] = {
 MPI_LAUNCHERS: tuple[Launcher, ...] = ("mpirun", "srun")
 """Launchers whose ranks are MPI processes to Horovod: its controller must be mpi there."""
 
+Controller = Literal["gloo", "mpi"]
+"""Who coordinates an engine's ranks, for engines that can choose (`Engine.controllers`)."""
+
 ONE_RANK_PER_SLOT: tuple[Launcher, ...] = ("deepspeed", "torchrun", "srun", "local")
 """Launchers that start exactly one rank per host slot (np must equal the slots)."""
+
+NP_WITHIN_SLOTS: tuple[Launcher, ...] = ("horovodrun",)
+"""Launchers that start np ranks over the hosts' slots and refuse np above the slots."""
+
+EQUAL_SLOTS: tuple[Launcher, ...] = ("torchrun",)
+"""Launchers that run the same per-node process count on every host: slots must be equal."""
+
+PIPELINE_MAX_ZERO_STAGE = 1
+"""Highest ZeRO stage a pipeline-parallel engine runs (DeepSpeed's PipelineEngine: 0 or 1)."""
 
 MPIJOB_LAUNCHERS: tuple[Launcher, ...] = ("mpirun",)
 """Launchers a Kubeflow MPIJob runs: its launcher pod runs mpirun over the worker pods."""
@@ -92,6 +104,19 @@ class Engine:
     local_rank_env: str | None = None
     """"module:function" rendering, from the spec, what the toolkit's own local launcher must
     give each rank beyond its TOOLKIT_* variables (TF_CONFIG), as a list in rank order."""
+    zero: bool = False
+    """Runs ZeRO partitioning (spec `zero.stage` above 0)."""
+    pipeline: bool = False
+    """Runs pipeline parallelism (spec `pipeline.stages` above 1)."""
+    controllers: tuple[Controller, ...] = ()
+    """Controllers it can coordinate its ranks with (spec `horovod.controller`); empty when it
+    has no such choice. Which one a launcher implies: `controllers_under`."""
+    local_devices: bool = False
+    """A job of one process runs several replicas in it (MirroredStrategy over
+    `tf.local_devices`), which count as data-parallel ranks."""
+    rank_ports: tuple[str, ...] = ()
+    """Spec fields ("section.key") holding the first of a range of ports, one per rank on a
+    host (port, port + 1, ...): each range must end at or below 65535."""
 
     @property
     def name(self) -> str:
@@ -132,6 +157,8 @@ ENGINES: tuple[Engine, ...] = (
         probe="toolkit.backends.deepspeed.probe",
         launchers=("deepspeed", "torchrun", "mpirun", "srun", "local"),
         standalone_environments=("torch_env", "single"),
+        zero=True,
+        pipeline=True,
     ),
     # Horovod's Gloo controller needs the rendezvous server horovodrun starts; under mpirun its
     # ranks are MPI processes and take the MPI controller. srun would need a PMI-enabled MPI
@@ -147,6 +174,7 @@ ENGINES: tuple[Engine, ...] = (
         launchers=("horovodrun", "mpirun"),
         standalone_environments=("single",),
         job_env=_HOROVOD_ENV,
+        controllers=("gloo", "mpi"),
     ),
     Engine(
         backend="horovod",
@@ -158,6 +186,7 @@ ENGINES: tuple[Engine, ...] = (
         launchers=("horovodrun", "mpirun"),
         standalone_environments=("single",),
         job_env=_HOROVOD_ENV,
+        controllers=("gloo", "mpi"),
     ),
     # MultiWorkerMirroredStrategy reads TF_CONFIG: the local launcher writes one per rank, and
     # under srun or mpirun the backend builds it from the launcher's rank and host list.
@@ -170,6 +199,8 @@ ENGINES: tuple[Engine, ...] = (
         launchers=("local", "mpirun", "srun"),
         standalone_environments=("tf_config", "single"),
         local_rank_env="toolkit.render.tf:local_rank_environments",
+        local_devices=True,
+        rank_ports=("tf.port",),
     ),
 )
 
@@ -219,6 +250,18 @@ def environment_refusal(backend: str, framework: str | None, environment: str) -
     """Why a rank that detected `environment` cannot run the engine; None when it can."""
     entry = engine(backend, framework)
     return None if environment in entry.environments else _started_by(entry)
+
+
+def controllers_under(launcher: str) -> tuple[Controller, ...]:
+    """Controllers an engine with a choice can use under `launcher`, its default first: under
+    an MPI launcher the ranks are MPI processes (mpi only); horovodrun starts Gloo's rendezvous
+    by default and runs MPI on request."""
+    return ("mpi",) if launcher in MPI_LAUNCHERS else ("gloo", "mpi")
+
+
+def backends_with(feature: str) -> tuple[Backend, ...]:
+    """Backends with a boolean `Engine` feature ("zero", "pipeline", ...), in table order."""
+    return tuple(dict.fromkeys(e.backend for e in ENGINES if getattr(e, feature)))
 
 
 def launchers_producing(environment: str) -> tuple[Launcher, ...]:

@@ -2,6 +2,7 @@
 
 toolkit spec check train.yaml                 one line: valid, and what it resolves to
 toolkit spec show train.yaml                  the full spec with every default, as YAML
+toolkit spec schema [-o FILE]                 the spec's JSON Schema (docs/spec.schema.json)
 toolkit spec from-deepspeed ds.json [-o F] [--world-size N]
     a spec from an existing DeepSpeed config; dropped, "auto" or defaulted keys are
     warned about on stderr by name, and what the spec cannot express is an error
@@ -10,21 +11,30 @@ toolkit spec from-deepspeed ds.json [-o F] [--world-size N]
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from toolkit.commands._output import add_output, emit, warn
 from toolkit.render.deepspeed_import import spec_from_deepspeed
-from toolkit.spec import SpecError, dump_spec, load_spec
-from toolkit.spec.load import parse_text
+from toolkit.spec import dump_spec, load_spec
+from toolkit.spec.load import read_document
+from toolkit.spec.schema import schema_text
+from toolkit.userfiles import MIB
+
+DEEPSPEED_CONFIG_LIMIT = 1 * MIB
+"""Largest DeepSpeed config read (real ones are a few KiB)."""
 
 
 def _check(args: argparse.Namespace) -> int:
     spec = load_spec(args.file)
+    head = (
+        f"ok: {args.file}: backend {spec.backend} ({spec.framework_name}), launcher {spec.launcher}"
+    )
+    if spec.fixed_world_size is None:
+        print(f"{head}, ranks from the launcher (the batch is checked against them at start)")
+        return 0
     batch = spec.batch_for()
     print(
-        f"ok: {args.file}: backend {spec.backend} ({spec.framework_name}), launcher "
-        f"{spec.launcher}, {spec.world_size} ranks, batch {batch.global_} = micro {batch.micro}"
+        f"{head}, {spec.world_size} ranks, batch {batch.global_} = micro {batch.micro}"
         f" x accumulation {batch.accumulation} x {batch.dp} data-parallel ranks"
     )
     return 0
@@ -35,14 +45,16 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _schema(args: argparse.Namespace) -> int:
+    emit(schema_text(), args.output)
+    return 0
+
+
 def _from_deepspeed(args: argparse.Namespace) -> int:
-    try:
-        text = Path(args.file).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise SpecError.single(
-            "deepspeed", args.file, f"must be a readable JSON file ({error.__class__.__name__})"
-        ) from None
-    imported = spec_from_deepspeed(parse_text(text, args.file), world_size=args.world_size)
+    config = read_document(
+        args.file, what="DeepSpeed config", field="deepspeed", limit=DEEPSPEED_CONFIG_LIMIT
+    )
+    imported = spec_from_deepspeed(config.data, world_size=args.world_size)
     for message in imported.warnings:
         warn(message)
     emit(
@@ -51,6 +63,13 @@ def _from_deepspeed(args: argparse.Namespace) -> int:
         args.output,
     )
     return 0
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: a whole number of ranks, at least 1."""
+    if not (text.isascii() and text.isdigit() and len(text) <= 6 and int(text) >= 1):
+        raise argparse.ArgumentTypeError(f"must be a whole number of ranks >= 1, not {text[:20]!r}")
+    return int(text)
 
 
 def register(subparsers: Any) -> None:
@@ -63,8 +82,11 @@ def register(subparsers: Any) -> None:
     show.add_argument("file")
     add_output(show)
     show.set_defaults(func=_show)
+    schema = actions.add_parser("schema", help="print the spec's JSON Schema (for editors)")
+    add_output(schema)
+    schema.set_defaults(func=_schema)
     ds = actions.add_parser("from-deepspeed", help="turn a DeepSpeed config into a spec")
     ds.add_argument("file", help="ds_config.json")
-    ds.add_argument("--world-size", type=int, help="ranks the config was used with")
+    ds.add_argument("--world-size", type=_positive_int, help="ranks the config was used with")
     add_output(ds)
     ds.set_defaults(func=_from_deepspeed)

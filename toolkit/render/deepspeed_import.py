@@ -10,15 +10,21 @@ The reverse of `toolkit.render.deepspeed`. Every key is accounted for:
 - reported as an error when the spec cannot express what the config does to the math
   ("auto" batch sizes or learning rate, another optimizer type, summed gradients).
 Errors come back together as one SpecError with paths under `deepspeed.`.
+
+Whatever the config holds (it is a user's file), the importer ends in the spec's own error or
+a spec: values are shown through the spec's bounded `show_value`, never compared by hashing,
+and whole-number floats (JSON's 5e8) become integers where the spec wants an integer.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from toolkit.spec import SpecError, SpecIssue, TrainSpec
+from toolkit.spec.errors import show_value
 
 AUTO = "auto"
 
@@ -44,7 +50,7 @@ class _Reader:
         if data is None:
             data = {}
         if not isinstance(data, Mapping):
-            out.error(path, data, "must be a mapping")
+            out.error(path, data, "must be a mapping", hint="write it as a JSON object {...}")
             data = {}
         self.data = dict(data)
         self.used: set[str] = set()
@@ -60,18 +66,28 @@ class _Reader:
         value = self.data[key]
         if value == AUTO:
             if required:
-                self.out.error(f"{self.path}.{key}", value, "must be given explicitly, not auto")
+                self.out.error(
+                    f"{self.path}.{key}",
+                    value,
+                    "must be given explicitly, not auto",
+                    hint="write the value your job uses in place of auto",
+                )
             else:
                 self.out.warn(f"{self.path}.{key}: 'auto' is not supported; wrote {default!r}")
             return default
         return value
+
+    def get_int(self, key: str, default: Any = None, *, required: bool = False) -> Any:
+        """`get` for a key the spec holds as an integer: 5e8 (JSON's way) becomes 500000000."""
+        return _whole(self.get(key, default, required=required))
 
     def expect(self, key: str, value: Any) -> None:
         """A key the toolkit always writes as `value`: accepted if equal, else warned."""
         self.used.add(key)
         if key in self.data and self.data[key] != value:
             self.out.warn(
-                f"{self.path}.{key}={self.data[key]!r} is not modeled; the toolkit writes {value!r}"
+                f"{self.path}.{key}={show_value(self.data[key])} is not modeled; "
+                f"the toolkit writes {value!r}"
             )
 
     def sub(self, key: str) -> _Reader:
@@ -81,7 +97,7 @@ class _Reader:
     def finish(self) -> None:
         for key in self.data:
             if key not in self.used:
-                self.out.warn(f"{self.path}.{key} is not modeled by the spec; dropped")
+                self.out.warn(f"{self.path}.{_name(key)} is not modeled by the spec; dropped")
 
 
 class _Report:
@@ -89,7 +105,7 @@ class _Report:
         self.errors: list[SpecIssue] = []
         self.warnings: list[str] = []
 
-    def error(self, path: str, value: Any, allowed: str, hint: str | None = None) -> None:
+    def error(self, path: str, value: Any, allowed: str, hint: str) -> None:
         self.errors.append(SpecIssue(path=path, value=value, allowed=allowed, hint=hint))
 
     def warn(self, message: str) -> None:
@@ -103,7 +119,8 @@ def _optimizer(ds: _Reader, out: _Report) -> dict[str, Any] | None:
         return None
     section = ds.sub("optimizer")
     params = section.sub("params")
-    kind = str(section.get("type", "")).lower()
+    kind_value = section.get("type", "")
+    kind = kind_value.lower() if isinstance(kind_value, str) else ""
     result: dict[str, Any] = {"name": kind, "lr": params.get("lr", required=True)}
     if kind in ("adam", "adamw"):
         adam_w_mode = params.get("adam_w_mode")
@@ -141,6 +158,18 @@ def _optimizer(ds: _Reader, out: _Report) -> dict[str, Any] | None:
     return result
 
 
+def _name(key: Any) -> str:
+    """A config key for a message (keys of a parsed JSON file are strings; others are shown)."""
+    return key if isinstance(key, str) else show_value(key)
+
+
+def _whole(value: Any) -> Any:
+    """An integral finite float as an int (JSON configs write 5e8); anything else unchanged."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    return value
+
+
 def _offload(zero: _Reader, key: str, deprecated: str) -> tuple[str, bool | None, Any]:
     section = zero.sub(key)
     device = section.get("device", "none")
@@ -157,18 +186,20 @@ def _offload(zero: _Reader, key: str, deprecated: str) -> tuple[str, bool | None
 
 def _zero(ds: _Reader, out: _Report) -> dict[str, Any]:
     zero = ds.sub("zero_optimization")
-    result: dict[str, Any] = {"stage": zero.get("stage", 0)}
+    result: dict[str, Any] = {"stage": zero.get_int("stage", 0)}
     opt_device, opt_pin, opt_nvme = _offload(zero, "offload_optimizer", "cpu_offload")
     par_device, par_pin, par_nvme = _offload(zero, "offload_param", "cpu_offload_param")
     result["offload_optimizer"] = opt_device
     result["offload_params"] = par_device
-    if opt_nvme or par_nvme:
-        result["nvme_path"] = str(opt_nvme or par_nvme)
-    pins = {pin for pin in (opt_pin, par_pin) if pin is not None}
-    if len(pins) > 1:
+    nvme = opt_nvme or par_nvme
+    if nvme:
+        result["nvme_path"] = nvme  # the spec refuses anything but a path
+    # Compared, not put in a set: a pin_memory of [] or {} must be refused by the spec, not crash.
+    pins = [pin for pin in (opt_pin, par_pin) if pin is not None]
+    if len(pins) == 2 and pins[0] != pins[1]:
         out.warn("deepspeed.zero_optimization: offload pin_memory differs; wrote the optimizer's")
     if pins:
-        result["pin_memory"] = opt_pin if opt_pin is not None else par_pin
+        result["pin_memory"] = pins[0]
     names = {
         "reduce_bucket_size": "reduce_bucket_size",
         "allgather_bucket_size": "allgather_bucket_size",
@@ -183,7 +214,7 @@ def _zero(ds: _Reader, out: _Report) -> dict[str, Any]:
     for spec_key, alias in names.items():
         for ds_key in (spec_key, alias):
             if zero.has(ds_key):
-                value = zero.get(ds_key)
+                value = zero.get_int(ds_key)
                 if value is not None:
                     result[spec_key] = value
             zero.used.add(ds_key)
@@ -205,6 +236,8 @@ def _precision(ds: _Reader) -> tuple[str, dict[str, Any] | None]:
     precision = "fp16" if fp16_on is True else "bf16" if bf16_on is True else "fp32"
     scaling = {
         name: fp16.get(name)
+        if name in ("loss_scale", "consecutive_hysteresis")
+        else fp16.get_int(name)
         for name in (
             "loss_scale",
             "initial_scale_power",
@@ -224,13 +257,13 @@ def _pipeline(ds: _Reader, out: _Report) -> dict[str, Any] | None:
     if not ds.has("pipeline"):
         return None
     pipe = ds.sub("pipeline")
-    result: dict[str, Any] = {"stages": pipe.get("stages", 1)}
+    result: dict[str, Any] = {"stages": pipe.get_int("stages", 1)}
     partition = pipe.get("partition", "parameters")
     if partition == "best":
         out.warn("deepspeed.pipeline.partition 'best' is not modeled; wrote parameters")
         partition = "parameters"
     result["partition"] = partition
-    result["activation_checkpoint_interval"] = pipe.get("activation_checkpoint_interval", 0)
+    result["activation_checkpoint_interval"] = pipe.get_int("activation_checkpoint_interval", 0)
     for key, value in (
         ("seed_layers", False),
         ("pipe_partitioned", True),
@@ -258,9 +291,9 @@ def _infer_world_size(batch: dict[str, Any], stages: Any) -> int | None:
 
 def _batch(ds: _Reader) -> dict[str, Any]:
     batch = {
-        "global": ds.get("train_batch_size", required=True),
-        "micro": ds.get("train_micro_batch_size_per_gpu", required=True),
-        "accumulation": ds.get("gradient_accumulation_steps", required=True),
+        "global": ds.get_int("train_batch_size", required=True),
+        "micro": ds.get_int("train_micro_batch_size_per_gpu", required=True),
+        "accumulation": ds.get_int("gradient_accumulation_steps", required=True),
     }
     return {key: value for key, value in batch.items() if value is not None}
 
@@ -293,7 +326,7 @@ def spec_from_deepspeed(config: Any, *, world_size: int | None = None) -> Import
     if pipeline:
         data["pipeline"] = pipeline
     if ds.has("steps_per_print"):
-        data["log_every_steps"] = ds.get("steps_per_print")
+        data["log_every_steps"] = ds.get_int("steps_per_print")
     if np is not None:
         data["launch"] = {"np": np}
     _derived(ds, precision, out)
@@ -319,11 +352,15 @@ def _derived(ds: _Reader, precision: str, out: _Report) -> None:
     ds.expect("wall_clock_breakdown", False)
     comm = ds.get("communication_data_type")
     if comm is not None and comm != precision:
-        out.warn(f"deepspeed.communication_data_type={comm!r} is not modeled; wrote {precision!r}")
+        out.warn(
+            f"deepspeed.communication_data_type={show_value(comm)} is not modeled; "
+            f"wrote {precision!r}"
+        )
     types = ds.sub("data_types")
     accum = types.get("grad_accum_dtype")
     if accum is not None and accum != precision:
         out.warn(
-            f"deepspeed.data_types.grad_accum_dtype={accum!r} is not modeled; wrote {precision!r}"
+            f"deepspeed.data_types.grad_accum_dtype={show_value(accum)} is not modeled; "
+            f"wrote {precision!r}"
         )
     types.finish()

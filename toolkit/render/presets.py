@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from toolkit.errors import ToolkitError
 from toolkit.render.deepspeed import deepspeed_config
 from toolkit.spec import TrainSpec, load_spec
 
@@ -24,8 +25,15 @@ SPECS = "specs"
 
 
 def preset_specs(directory: str | Path) -> dict[str, TrainSpec]:
-    """Preset name -> spec, from <directory>/specs/*.yaml."""
-    return {path.stem: load_spec(path) for path in sorted(Path(directory, SPECS).glob("*.yaml"))}
+    """Preset name -> spec, from <directory>/specs/*.yaml; ToolkitError when there are none
+    (a wrong directory must not pass a check, nor write an empty one)."""
+    paths = sorted(Path(directory, SPECS).glob("*.yaml"))
+    if not paths:
+        raise ToolkitError(
+            f"{directory} is not a presets directory: it has no {SPECS}/*.yaml",
+            hint="give the directory holding specs/, e.g. ds_configs/",
+        )
+    return {path.stem: load_spec(path) for path in paths}
 
 
 def render_json(config: dict[str, object]) -> str:
@@ -45,21 +53,30 @@ def write_presets(directory: str | Path) -> list[str]:
     """Regenerate every preset's JSON file; returns the names written."""
     rendered = render_presets(directory)
     for name, text in rendered.items():
-        Path(directory, name).write_text(text, encoding="utf-8")
+        try:
+            Path(directory, name).write_text(text, encoding="utf-8")
+        except OSError as error:
+            raise ToolkitError(
+                f"cannot write {Path(directory, name)}: {error.strerror or error}",
+                hint="check that the presets directory is writable",
+            ) from None
     return sorted(rendered)
 
 
 def stale_presets(directory: str | Path) -> list[str]:
     """JSON files that are missing, differ from what the specs render, or have no spec."""
     rendered = render_presets(directory)
-    stale = [
-        name
-        for name, text in rendered.items()
-        if not Path(directory, name).is_file()
-        or Path(directory, name).read_text(encoding="utf-8") != text
-    ]
+    stale = [name for name, text in rendered.items() if _current(Path(directory, name)) != text]
     stale += [path.name for path in Path(directory).glob("*.json") if path.name not in rendered]
     return sorted(stale)
+
+
+def _current(path: Path) -> str | None:
+    """The text of a generated file, or None when it is missing or unreadable."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -67,7 +84,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("directory", help="the presets directory, e.g. ds_configs/")
     parser.add_argument("--check", action="store_true", help="only report stale files")
     args = parser.parse_args(argv)
-    return check_or_write(args.directory, check=args.check)
+    try:
+        return check_or_write(args.directory, check=args.check)
+    except ToolkitError as error:
+        print(f"error: {error.one_line()}", file=sys.stderr)
+        return 2
 
 
 def check_or_write(directory: str, *, check: bool) -> int:

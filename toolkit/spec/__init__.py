@@ -4,13 +4,15 @@
     spec = load_spec("train.yaml")          # or TrainSpec.from_dict(data), or TrainSpec(...)
     spec.batch_for(8)                       # ResolvedBatch(global_, micro, accumulation, dp)
 
-Imports no engine: only the standard library and PyYAML.
+Imports no engine: only the standard library, PyYAML and pydantic.
 """
 
+from toolkit.spec.batch import ResolvedBatch
 from toolkit.spec.errors import SpecError, SpecIssue
 from toolkit.spec.hosts import Host
 from toolkit.spec.load import dump_spec, load_spec
-from toolkit.spec.model import (
+from toolkit.spec.model import TrainSpec
+from toolkit.spec.sections import (
     BatchSpec,
     CheckpointSpec,
     HorovodSpec,
@@ -18,9 +20,7 @@ from toolkit.spec.model import (
     LossScalingSpec,
     OptimizerSpec,
     PipelineSpec,
-    ResolvedBatch,
     TfSpec,
-    TrainSpec,
     ZeroSpec,
 )
 

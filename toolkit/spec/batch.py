@@ -8,21 +8,38 @@ train_micro_batch_size_per_gpu * gradient_accumulation_steps * dp`, checked in
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from toolkit.spec.errors import SpecError, SpecIssue
 
+if TYPE_CHECKING:
+    from toolkit.spec.sections import BatchSpec
+
 X = "\u00d7"
 """The multiplication sign of the messages (escaped: ruff flags it as confusable)."""
 
-if TYPE_CHECKING:
-    from toolkit.spec.model import BatchSpec, ResolvedBatch
+
+@dataclass(frozen=True, kw_only=True)
+class ResolvedBatch:
+    """The batch triple for one data-parallel size; always global = micro * accumulation * dp."""
+
+    global_: int
+    """Samples per optimizer step over all data-parallel ranks."""
+    micro: int
+    """Samples per forward/backward pass on one rank."""
+    accumulation: int
+    """Micro-batches per optimizer step."""
+    dp: int
+    """Data-parallel ranks: world size / pipeline stages."""
 
 
 def data_parallel_size(world_size: int, stages: int) -> int:
     """World size / pipeline stages; SpecError when the stages do not divide the world."""
     if world_size < 1:
-        raise SpecError.single("launch.np", world_size, "must be at least 1")
+        raise SpecError.single(
+            "launch.np", world_size, "must be at least 1", hint="a job has at least one rank"
+        )
     if stages < 1 or world_size % stages:
         raise SpecError.single(
             "pipeline.stages",
@@ -35,15 +52,8 @@ def data_parallel_size(world_size: int, stages: int) -> int:
 
 def resolve_batch(batch: BatchSpec, world_size: int, stages: int) -> ResolvedBatch:
     """Derive the missing member of the triple for `world_size`; SpecError when impossible."""
-    from toolkit.spec.model import ResolvedBatch
-
     dp = data_parallel_size(world_size, stages)
     global_, micro, accum = batch.global_, batch.micro, batch.accumulation
-    for path, value in (("batch.global", global_), ("batch.micro", micro)):
-        if value is not None and value < 1:
-            raise SpecError.single(path, value, "must be a positive integer")
-    if accum is not None and accum < 1:
-        raise SpecError.single("batch.accumulation", accum, "must be a positive integer")
     ranks = f"data-parallel ranks({dp})"
     world = f" (world size {world_size} / pipeline stages {stages})"
     if global_ is None:

@@ -1,52 +1,64 @@
-"""Reading and writing spec files (YAML or JSON; JSON is YAML, but its errors read better)."""
+"""Reading and writing spec files (YAML or JSON), and any YAML/JSON file a user hands over."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from toolkit.spec.document import Document
 from toolkit.spec.errors import SpecError
-from toolkit.spec.model import TrainSpec
+from toolkit.spec.json_reader import read_json
+from toolkit.spec.model import TrainSpec, build_spec
+from toolkit.spec.yaml_reader import read_yaml
+from toolkit.userfiles import MIB, UserFileError, read_text
+
+SPEC_LIMIT = 1 * MIB
+"""Largest spec file read (a spec is a few hundred bytes; a long host list a few hundred KiB)."""
 
 
-def parse_text(text: str, source: str) -> Any:
-    """Plain data from YAML or JSON text; SpecError naming `source` when it does not parse."""
+def parse_document(text: str, source: str, *, root: str = "") -> Document:
+    """Plain data from YAML or JSON text (JSON when `source` ends in .json: YAML reads JSON
+    too, but JSON's own errors read better); SpecError naming `source` when it does not parse
+    or breaks a limit. `root` prefixes the paths of problems ("deepspeed" for a DeepSpeed
+    config; a spec's paths start at its sections)."""
+    if source.endswith(".json"):
+        return read_json(text, source, root)
+    return read_yaml(text, source, root)
+
+
+def read_document(
+    path: str | os.PathLike[str], *, what: str, field: str = "spec", limit: int = SPEC_LIMIT
+) -> Document:
+    """A YAML/JSON file read within `limit` bytes and parsed; SpecError at `field` when it
+    cannot be read or parsed (`what` names the file in the message)."""
     try:
-        if source.endswith(".json"):
-            return json.loads(text)
-        return yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as error:
-        detail = " ".join(str(error).split())[:200]
-        raise SpecError.single(
-            "spec",
-            source,
-            f"is not valid {'JSON' if source.endswith('.json') else 'YAML'}: {detail}",
-            hint="check the file's syntax",
-        ) from None
+        text = read_text(path, limit=limit, what=what, hint=f"check the {what}'s path")
+    except UserFileError as error:
+        raise SpecError.single(field, str(path), error.reason, hint=error.hint) from None
+    return parse_document(text, str(path), root="" if field == "spec" else field)
 
 
 def load_spec(source: str | os.PathLike[str] | dict[str, Any]) -> TrainSpec:
     """A validated TrainSpec from a YAML/JSON file path or already-parsed data.
 
-    A relative launch.hostfile is read from the spec file's directory.
+    A relative launch.hostfile is read from the spec file's directory. Values in errors are
+    shown as the file wrote them.
     """
     if isinstance(source, dict):
         return TrainSpec.from_dict(source)
     path = Path(source)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
+    document = read_document(path, what="spec")
+    if document.data is None:
         raise SpecError.single(
             "spec",
             str(path),
-            f"must be a readable YAML or JSON file ({error.__class__.__name__})",
-            hint="check the path given to --spec",
-        ) from None
-    return TrainSpec.from_dict(parse_text(text, str(path)), base_dir=str(path.parent))
+            "is empty",
+            hint="a spec holds at least its backend, e.g. backend: ddp",
+        )
+    return build_spec(document.data, base_dir=str(path.parent), written=document.written)
 
 
 def dump_spec(spec: TrainSpec | dict[str, Any]) -> str:

@@ -1,0 +1,264 @@
+"""Rules across sections of a TrainSpec, and the facts they resolve (launcher, hosts, world).
+
+Each rule is a pure function of the sections it reads, returning issues with their full paths.
+`TrainSpec` runs each one from a validator of the last section it reads, and only when every
+section it reads was valid, so one mistake never shows up as a cascade of made-up ones.
+Which engine supports what, and which launcher starts what, is asked of `toolkit.engines`.
+
+Checks that need the number of ranks (pipeline stages divide it, the batch triple, port
+ranges) run here only when the spec fixes that number (launch.np or hosts); otherwise the
+launcher decides it at run time and `TrainSpec.batch_for` checks it then, with the same words.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from toolkit import engines
+from toolkit.spec.batch import batch_issues
+from toolkit.spec.errors import SpecIssue
+from toolkit.spec.hosts import LOCAL_NAMES, Host, parse_host
+from toolkit.spec.sections import (
+    BatchSpec,
+    HorovodSpec,
+    LaunchSpec,
+    OptimizerSpec,
+    PipelineSpec,
+    TfSpec,
+    ZeroSpec,
+)
+
+MAX_PORT = 65535
+MAX_LOCAL_RANKS = 256
+"""Most ranks the local launcher starts on one machine."""
+
+
+def _issue(path: str, value: object, allowed: str, hint: str) -> SpecIssue:
+    return SpecIssue(path=path, value=value, allowed=allowed, hint=hint)
+
+
+def known_framework(backend: str, framework: str | None) -> str | None:
+    """`framework` when the backend runs it, else None (the backend's own)."""
+    return framework if framework in engines.frameworks_of(backend) else None
+
+
+def engine_of(backend: str, framework: str | None) -> engines.Engine:
+    return engines.engine(backend, known_framework(backend, framework))
+
+
+def launcher_of(backend: str, framework: str | None, launch: LaunchSpec) -> engines.Launcher:
+    """The launcher written, else the engine's usual one."""
+    return launch.launcher or engine_of(backend, framework).implied_launcher
+
+
+def hosts_of(launch: LaunchSpec) -> tuple[Host, ...]:
+    """The parsed hosts."""
+    return _parsed_hosts(launch.hosts)[1]
+
+
+def fixed_world_size(launch: LaunchSpec) -> int | None:
+    """Processes the spec itself fixes: launch.np, else the hosts' slots; None = the launcher's."""
+    if launch.np is not None:
+        return launch.np
+    return _parsed_hosts(launch.hosts)[2] or None
+
+
+_PARSED: dict[int, tuple[tuple[str, ...], tuple[Host, ...], int]] = {}
+_PARSED_KEPT = 32
+
+
+def _parsed_hosts(entries: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[Host, ...], int]:
+    """(entries, hosts, slots summed), parsed once per host list.
+
+    Renderers ask for the hosts and the world size once per rank, so a parse per call is
+    quadratic in a long list; a cache keyed by the tuple's value would hash the whole tuple
+    on every call (tuples do not keep their hash). The key is the tuple's identity instead,
+    checked (`is`) against the tuple kept in the entry, so a reused id cannot hit.
+    """
+    hit = _PARSED.get(id(entries))
+    if hit is not None and hit[0] is entries:
+        return hit
+    hosts = tuple(parse_host(text) for text in entries)
+    hit = (entries, hosts, sum(host.slots for host in hosts))
+    if len(_PARSED) >= _PARSED_KEPT:
+        _PARSED.pop(next(iter(_PARSED)), None)
+    _PARSED[id(entries)] = hit
+    return hit
+
+
+def replicas_per_process(backend: str, framework: str | None, tf: TfSpec, world: int) -> int:
+    """Data-parallel replicas inside one process: several only for a one-process job of an
+    engine that can hold several (MirroredStrategy over tf.local_devices)."""
+    return tf.local_devices if engine_of(backend, framework).local_devices and world == 1 else 1
+
+
+def framework_issues(framework: str | None, backend: str) -> Iterator[SpecIssue]:
+    allowed = engines.frameworks_of(backend)
+    if framework is not None and framework not in allowed:
+        yield _issue(
+            "framework",
+            framework,
+            f"backend {backend} runs {' or '.join(allowed)}",
+            "remove framework to use the backend's own",
+        )
+
+
+def zero_issues(zero: ZeroSpec, backend: str) -> Iterator[SpecIssue]:
+    if zero.stage and not engines.engine(backend).zero:
+        with_zero = ", ".join(engines.backends_with("zero"))
+        yield _issue(
+            "zero.stage",
+            zero.stage,
+            f"ZeRO needs backend {with_zero} (backend is {backend})",
+            f"set backend: {with_zero}, or zero.stage: 0",
+        )
+
+
+def offload_issues(zero: ZeroSpec, optimizer: OptimizerSpec) -> Iterator[SpecIssue]:
+    if zero.offload_optimizer != "none" and optimizer.name == "sgd":
+        yield _issue(
+            "zero.offload_optimizer",
+            zero.offload_optimizer,
+            "offloaded optimizer steps run DeepSpeedCPUAdam: optimizer.name must be adam or adamw",
+            "use adam/adamw, or offload_optimizer: none",
+        )
+
+
+def pipeline_issues(pipeline: PipelineSpec, backend: str, zero: ZeroSpec) -> Iterator[SpecIssue]:
+    if pipeline.stages == 1:
+        return
+    if not engines.engine(backend).pipeline:
+        with_pipeline = ", ".join(engines.backends_with("pipeline"))
+        yield _issue(
+            "pipeline.stages",
+            pipeline.stages,
+            f"pipeline parallelism needs backend {with_pipeline} (backend is {backend})",
+            f"set backend: {with_pipeline}, or pipeline.stages: 1",
+        )
+    elif zero.stage > engines.PIPELINE_MAX_ZERO_STAGE:
+        top = engines.PIPELINE_MAX_ZERO_STAGE
+        yield _issue(
+            "zero.stage",
+            zero.stage,
+            f"the pipeline engine runs ZeRO stages 0 to {top} only",
+            f"set zero.stage: {top}, or pipeline.stages: 1",
+        )
+
+
+def launch_issues(launch: LaunchSpec, backend: str, framework: str | None) -> Iterator[SpecIssue]:
+    launcher = launcher_of(backend, framework, launch)
+    refusal = engines.launcher_refusal(backend, known_framework(backend, framework), launcher)
+    if refusal is not None:
+        yield _issue(
+            "launch.launcher",
+            launcher,
+            refusal,
+            "remove launch.launcher to use the backend's usual one",
+        )
+    hosts = hosts_of(launch)
+    yield from _slot_issues(launch, launcher, hosts)
+    world = fixed_world_size(launch)
+    if launcher == engines.SELF_LAUNCHER and world is not None and world > MAX_LOCAL_RANKS:
+        yield _issue(
+            "launch.np",
+            world,
+            f"the local launcher starts at most {MAX_LOCAL_RANKS} ranks on this machine",
+            "use srun or mpirun for bigger jobs",
+        )
+
+
+def port_issues(
+    launch: LaunchSpec, backend: str, framework: str | None, sections: Mapping[str, Any]
+) -> Iterator[SpecIssue]:
+    """Port ranges (first port + ranks on one host) of the engine's rank ports, read from the
+    valid `sections` (section name -> section); checked when the spec fixes the ranks."""
+    world = fixed_world_size(launch)
+    if world is None:
+        return
+    per_host = max((host.slots for host in hosts_of(launch)), default=world)
+    for field in engine_of(backend, framework).rank_ports:
+        section, _, key = field.partition(".")
+        if section not in sections:
+            continue
+        first = getattr(sections[section], key)
+        if first + per_host - 1 > MAX_PORT:
+            yield _issue(
+                field,
+                first,
+                f"{per_host} ranks on one host need ports {first} to {first + per_host - 1}",
+                f"use a port at most {MAX_PORT - per_host + 1}",
+            )
+
+
+def _slot_issues(
+    launch: LaunchSpec, launcher: engines.Launcher, hosts: tuple[Host, ...]
+) -> Iterator[SpecIssue]:
+    slots = sum(host.slots for host in hosts)
+    if hosts and launch.np is not None:
+        if launcher in engines.NP_WITHIN_SLOTS and launch.np > slots:
+            yield _issue(
+                "launch.np",
+                launch.np,
+                f"{launcher} needs np <= the hosts' slots ({slots})",
+                "add slots to launch.hosts, or lower np",
+            )
+        if launcher in engines.ONE_RANK_PER_SLOT and launch.np != slots:
+            yield _issue(
+                "launch.np",
+                launch.np,
+                f"{launcher} starts one rank per slot: np must equal the hosts' slots ({slots})",
+                "remove launch.np to use the slots",
+            )
+    if launcher in engines.EQUAL_SLOTS and len({host.slots for host in hosts}) > 1:
+        yield _issue(
+            "launch.hosts",
+            list(launch.hosts),
+            f"{launcher} runs the same process count on every host: slots must be equal",
+            "give every host the same slots, or use another launcher",
+        )
+    remote = len(hosts) > 1 or any(host.name not in LOCAL_NAMES for host in hosts)
+    if launcher == engines.SELF_LAUNCHER and remote:
+        yield _issue(
+            "launch.hosts",
+            list(launch.hosts),
+            "the local launcher starts ranks on this machine only (localhost)",
+            "use srun or mpirun for several hosts",
+        )
+
+
+def world_issues(
+    launch: LaunchSpec,
+    backend: str,
+    framework: str | None,
+    batch: BatchSpec,
+    pipeline: PipelineSpec,
+    tf: TfSpec,
+) -> list[SpecIssue]:
+    """The batch triple and the pipeline stages against the world size, when the spec fixes it."""
+    world = fixed_world_size(launch)
+    if world is None:
+        return []
+    replicas = world * replicas_per_process(backend, framework, tf, world)
+    return batch_issues(batch, replicas, pipeline.stages)
+
+
+def horovod_issues(
+    horovod: HorovodSpec, backend: str, framework: str | None, launch: LaunchSpec
+) -> Iterator[SpecIssue]:
+    """A controller written that the launcher cannot run (an unset one follows the launcher)."""
+    written = horovod.controller_setting
+    entry = engine_of(backend, framework)
+    if not entry.controllers or written is None:
+        return
+    launcher = launcher_of(backend, framework, launch)
+    allowed = engines.controllers_under(launcher)
+    if written not in allowed:
+        others = [name for name in entry.launchers if written in engines.controllers_under(name)]
+        yield _issue(
+            "horovod.controller",
+            written,
+            f"{entry.backend} under {launcher} runs the {' or '.join(allowed)} controller",
+            "remove horovod.controller to follow the launcher, or set launch.launcher: "
+            + " or ".join(others),
+        )

@@ -1,0 +1,427 @@
+"""The sections of a training spec: one frozen pydantic model each, a description on every field.
+
+Field names are the spec file's keys, except where a key is a Python keyword (`batch.global`
+is `BatchSpec.global_`, read and written by its alias). A `None` default means "implied by
+another field"; the `TrainSpec` properties resolve it, so a section holds exactly what the user
+wrote and `to_dict` round-trips it.
+
+Rules inside one section are field validators that read the fields declared before them
+(`info.data` holds only fields that were valid), so a rule never runs on a value that already
+failed its own check. Rules across sections live on `TrainSpec` (`toolkit.spec.rules`).
+
+Longer than most modules on purpose: it is the declarative list of every field a spec file
+can hold, with its default, bounds and documentation, read top to bottom as the reference.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import Field, PrivateAttr, ValidationInfo, field_validator
+
+from toolkit.engines import Controller, Launcher
+from toolkit.spec.fields import Betas, Env, Hosts, Section, StrictStage, Text, field_error
+from toolkit.spec.hosts import HOST_NAME, MAX_RANKS
+
+OptimizerName = Literal["sgd", "adam", "adamw"]
+OffloadDevice = Literal["none", "cpu", "nvme"]
+HorovodCompression = Literal["none", "fp16"]
+HorovodOp = Literal["average", "sum", "adasum"]
+TfCommunication = Literal["ring", "nccl", "auto"]
+MultinodeLauncher = Literal["pdsh", "openmpi", "mvapich", "slurm"]
+
+PathText = Annotated[str, Text("a path", "write a non-empty path on one line")]
+DNS_LABEL = r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?"
+SLURM_TIME = r"(?:[0-9]+-)?[0-9]+(?::[0-9]{1,2}){0,2}"
+
+
+class BatchSpec(Section):
+    """The batch contract: global = micro * accumulation * data-parallel ranks.
+
+    Give any two and the third is derived for the run's data-parallel size. With fewer than
+    two, accumulation defaults to 1 (and micro to 1 when nothing is given).
+    """
+
+    global_: int | None = Field(
+        default=None,
+        alias="global",
+        ge=1,
+        description="Samples per optimizer step, summed over every data-parallel rank.",
+    )
+    micro: int | None = Field(
+        default=None, ge=1, description="Samples per forward/backward pass on one rank."
+    )
+    accumulation: int | None = Field(
+        default=None, ge=1, description="Micro-batches accumulated per optimizer step."
+    )
+
+
+class OptimizerSpec(Section):
+    """The optimizer, with every constant that changes the math written out."""
+
+    name: OptimizerName = Field(
+        default="adamw",
+        description="sgd (torch.optim.SGD), adam (L2 weight decay in the gradient) or adamw "
+        "(decoupled weight decay).",
+    )
+    lr: float = Field(
+        default=1e-3, gt=0, description="Learning rate before `lr_scaling` is applied."
+    )
+    betas: Betas = Field(
+        default=(0.9, 0.999), description="Adam/AdamW moment decay rates; unused by sgd."
+    )
+    eps: float = Field(
+        default=1e-8, gt=0, description="Adam/AdamW denominator term; unused by sgd."
+    )
+    weight_decay: float = Field(
+        default=0.0, ge=0, description="L2 penalty (sgd, adam) or decoupled decay (adamw)."
+    )
+    momentum: float = Field(
+        default=0.0, ge=0, description="SGD momentum; must stay 0 for adam and adamw."
+    )
+    nesterov: bool = Field(default=False, description="SGD Nesterov momentum; needs momentum > 0.")
+
+    @field_validator("momentum")
+    @classmethod
+    def _momentum_is_sgd_only(cls, momentum: float, info: ValidationInfo) -> float:
+        name = info.data.get("name")
+        if momentum and name is not None and name != "sgd":
+            raise field_error(
+                f"only sgd uses momentum, not {name}",
+                "set betas for adam/adamw, or remove momentum",
+            )
+        return momentum
+
+    @field_validator("nesterov")
+    @classmethod
+    def _nesterov_needs_momentum(cls, nesterov: bool, info: ValidationInfo) -> bool:
+        name, momentum = info.data.get("name"), info.data.get("momentum")
+        if (
+            nesterov
+            and name is not None
+            and momentum is not None
+            and (name != "sgd" or momentum <= 0)
+        ):
+            raise field_error(
+                "needs optimizer.name sgd with momentum > 0", "set momentum, or remove nesterov"
+            )
+        return nesterov
+
+
+class LossScalingSpec(Section):
+    """fp16 loss scaling, used only when precision is fp16 (names follow DeepSpeed's)."""
+
+    loss_scale: float = Field(
+        default=0.0, ge=0, description="0 = dynamic loss scaling; any other value is a fixed scale."
+    )
+    initial_scale_power: int = Field(
+        default=16, ge=0, le=63, description="Dynamic scaling starts at 2**initial_scale_power."
+    )
+    loss_scale_window: int = Field(
+        default=1000, ge=1, description="Overflow-free steps before the dynamic scale is doubled."
+    )
+    hysteresis: int = Field(
+        default=2, ge=1, description="Overflows tolerated before the dynamic scale is halved."
+    )
+    consecutive_hysteresis: bool = Field(
+        default=False,
+        description="Refill hysteresis on every overflow-free step instead of only at a scale "
+        "increase.",
+    )
+    min_loss_scale: int = Field(default=1, ge=1, description="Lowest dynamic scale.")
+
+
+class ZeroSpec(Section):
+    """DeepSpeed ZeRO partitioning; stage 0 is plain data parallelism."""
+
+    stage: StrictStage = Field(
+        default=0, description="0 off, 1 optimizer states, 2 + gradients, 3 + parameters."
+    )
+    offload_optimizer: OffloadDevice = Field(
+        default="none",
+        description="Keep optimizer states (and run the step) on cpu or nvme; stage 1-3.",
+    )
+    offload_params: OffloadDevice = Field(
+        default="none",
+        description="Keep parameters on cpu or nvme between uses; stage 3 only.",
+    )
+    nvme_path: PathText | None = Field(
+        default=None,
+        validate_default=True,
+        description="Directory on the NVMe device; required when anything is offloaded to nvme.",
+    )
+    pin_memory: bool = Field(
+        default=True, description="Page-locked host memory for offloaded tensors."
+    )
+    reduce_bucket_size: int = Field(
+        default=500_000_000, ge=1, description="Elements reduced at a time."
+    )
+    allgather_bucket_size: int = Field(
+        default=500_000_000, ge=1, description="Elements all-gathered at a time (stages 1-2)."
+    )
+    overlap_comm: bool | None = Field(
+        default=None,
+        description="Overlap gradient reduction with backward; null = DeepSpeed's rule (true only "
+        "at stage 3).",
+    )
+    contiguous_gradients: bool = Field(
+        default=True, description="Copy gradients into one buffer as they are produced."
+    )
+    stage3_prefetch_bucket_size: int = Field(
+        default=50_000_000, ge=0, description="Stage 3: parameter elements fetched ahead of use."
+    )
+    stage3_param_persistence_threshold: int = Field(
+        default=100_000,
+        ge=0,
+        description="Stage 3: parameters smaller than this are not partitioned.",
+    )
+    stage3_max_live_parameters: int = Field(
+        default=1_000_000_000, ge=0, description="Stage 3: parameter elements resident per rank."
+    )
+    stage3_max_reuse_distance: int = Field(
+        default=1_000_000_000,
+        ge=0,
+        description="Stage 3: do not release a parameter reused within this many elements.",
+    )
+    stage3_gather_16bit_weights_on_model_save: bool = Field(
+        default=False, description="Stage 3: gather the full 16-bit weights when saving a model."
+    )
+
+    @field_validator("offload_optimizer")
+    @classmethod
+    def _optimizer_offload_needs_zero(cls, device: str, info: ValidationInfo) -> str:
+        if device != "none" and info.data.get("stage") == 0:
+            raise field_error("needs zero.stage 1, 2 or 3", "raise zero.stage")
+        return device
+
+    @field_validator("offload_params")
+    @classmethod
+    def _param_offload_needs_stage_3(cls, device: str, info: ValidationInfo) -> str:
+        stage = info.data.get("stage")
+        if device != "none" and stage is not None and stage != 3:
+            raise field_error(
+                f"needs zero.stage 3 (stage is {stage})",
+                "set zero.stage: 3, or offload_params: none",
+            )
+        return device
+
+    @field_validator("nvme_path")
+    @classmethod
+    def _nvme_needs_a_path(cls, path: str | None, info: ValidationInfo) -> str | None:
+        devices = (info.data.get("offload_optimizer"), info.data.get("offload_params"))
+        if path is None and "nvme" in devices:
+            raise field_error(
+                "required when offloading to nvme", "give a directory on the NVMe device"
+            )
+        return path
+
+
+class PipelineSpec(Section):
+    """Pipeline parallelism (DeepSpeed's pipeline engine); stages divide the world size."""
+
+    stages: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_RANKS,
+        description="Pipeline stages; data-parallel ranks = world / stages.",
+    )
+    partition: str = Field(
+        default="parameters",
+        description="How layers are split: parameters, uniform, or type:REGEX (DeepSpeed's "
+        "partition_method).",
+    )
+    activation_checkpoint_interval: int = Field(
+        default=0,
+        ge=0,
+        description="Checkpoint activations every N layers; 0 = no activation checkpointing.",
+    )
+
+    @field_validator("partition")
+    @classmethod
+    def _partition_method(cls, value: str) -> str:
+        if value in ("parameters", "uniform"):
+            return value
+        regex = value.removeprefix("type:")
+        if value.startswith("type:") and regex:
+            try:
+                re.compile(regex)
+                return value
+            except (re.error, RecursionError, OverflowError):
+                pass
+        raise field_error(
+            "allowed parameters, uniform, type:REGEX",
+            "type:REGEX balances the layers whose class name matches REGEX",
+        )
+
+
+class HorovodSpec(Section):
+    """Horovod's controller, tensor fusion and reduction settings."""
+
+    controller_setting: Controller | None = Field(
+        default=None,
+        alias="controller",
+        description="Who coordinates the ranks: gloo or mpi; null = the launcher's (mpi under "
+        "mpirun and srun, gloo under horovodrun).",
+    )
+    fusion_threshold_mb: int = Field(
+        default=64,
+        ge=0,
+        description="Tensor fusion buffer in MiB (HOROVOD_FUSION_THRESHOLD is bytes).",
+    )
+    cycle_time_ms: float = Field(
+        default=1.0, ge=0, description="Milliseconds between fusion cycles."
+    )
+    cache_capacity: int = Field(
+        default=1024, ge=0, description="Response cache entries; 0 disables the cache."
+    )
+    hierarchical_allreduce: bool = Field(
+        default=False, description="Reduce within each host first, then across hosts."
+    )
+    hierarchical_allgather: bool = Field(
+        default=False, description="Gather within each host first, then across hosts."
+    )
+    compression: HorovodCompression = Field(
+        default="none",
+        description="Compress gradients on the wire: none or fp16 (changes the math).",
+    )
+    op: HorovodOp = Field(
+        default="average",
+        description="Gradient reduction: average (what every other engine does), sum or adasum.",
+    )
+    timeline: Annotated[str, Text("a file name", "write a file name")] | None = Field(
+        default=None, description="Write a Horovod timeline to this file."
+    )
+    autotune: bool = Field(
+        default=False, description="Let Horovod tune fusion and cycle time while training."
+    )
+
+    _launcher_controller: Controller = PrivateAttr("gloo")
+    """The controller the spec's launcher implies; set by TrainSpec (`with_launcher`)."""
+
+    @property
+    def controller(self) -> Controller:
+        """The controller in effect: the one written, else the one the launcher implies."""
+        return self.controller_setting or self._launcher_controller
+
+    def with_launcher(self, controller: Controller) -> HorovodSpec:
+        """A copy whose unset controller follows a launcher that implies `controller`."""
+        copy = self.model_copy()
+        copy._launcher_controller = controller
+        return copy
+
+
+class TfSpec(Section):
+    """tf.distribute settings: MultiWorkerMirroredStrategy, or MirroredStrategy in one process."""
+
+    communication: TfCommunication = Field(
+        default="ring",
+        description="Collective implementation: ring (gRPC, works on CPU), nccl or auto.",
+    )
+    port: int = Field(
+        default=12345,
+        ge=1,
+        le=65535,
+        description="Port of the first worker on each host; the next ones there use port + 1, ...",
+    )
+    local_devices: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Replicas in one process (MirroredStrategy over this many logical CPU "
+        "devices), used when the job has one process; data-parallel replicas = processes * "
+        "local_devices.",
+    )
+
+
+class LaunchSpec(Section):
+    """How the ranks are started: launcher, process count and where they run."""
+
+    launcher: Launcher | None = Field(
+        default=None,
+        description="horovodrun, mpirun, deepspeed, torchrun, srun or local; null = the "
+        "backend's usual one.",
+    )
+    np: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_RANKS,
+        description="Processes (the world size); null = the hosts' slots summed, or the "
+        "launcher's count at run time.",
+    )
+    hosts: Hosts = Field(
+        default=(), description='Hosts as "name:slots" (slots default 1); [] = this machine.'
+    )
+    hostfile: PathText | None = Field(
+        default=None,
+        description='A hostfile ("name slots=N" or "name:N" per line), read when the spec is '
+        "loaded, relative to the spec file.",
+    )
+    master_addr: (
+        Annotated[
+            str, Text("a host name or IPv4 address", "letters, digits, dots, dashes", HOST_NAME)
+        ]
+        | None
+    ) = Field(
+        default=None,
+        description="Rendezvous address; null = the first host, or 127.0.0.1 without hosts.",
+    )
+    master_port: int = Field(
+        default=29500,
+        ge=1,
+        le=65535,
+        description="Rendezvous port (torch.distributed, DeepSpeed, torchrun).",
+    )
+    multinode_launcher: MultinodeLauncher = Field(
+        default="pdsh",
+        description="How the deepspeed launcher reaches other hosts (its --launcher).",
+    )
+    python: Annotated[str, Text("a command", "write the interpreter's path")] | None = Field(
+        default=None, description="Interpreter for .py scripts; null = the one running the toolkit."
+    )
+    threads_per_rank: int = Field(
+        default=1,
+        ge=1,
+        le=4096,
+        description="OMP_NUM_THREADS for each rank (and Slurm cpus-per-task).",
+    )
+    env: Env = Field(
+        default_factory=dict, description="Extra environment variables for every rank."
+    )
+    image: Annotated[str, Text("an image name", "no spaces", r"\S+")] = Field(
+        default="toolkit:latest", description="Container image for cluster manifests (MPIJob)."
+    )
+    job_name: Annotated[
+        str,
+        Text(
+            "a DNS-1123 label (lower-case letters, digits and -, at most 63)",
+            "write e.g. train-run-1",
+            DNS_LABEL,
+        ),
+    ] = Field(
+        default="toolkit-train", description="Job name for Slurm and Kubernetes (a DNS-1123 label)."
+    )
+    partition: (
+        Annotated[
+            str, Text("a Slurm partition name", "letters, digits, _, . and -", r"[A-Za-z0-9_.-]+")
+        ]
+        | None
+    ) = Field(default=None, description="Slurm partition; null = the cluster's default.")
+    time_limit: Annotated[
+        str,
+        Text(
+            "a Slurm time limit, [days-]hours[:minutes[:seconds]]",
+            'write e.g. "02:00:00"',
+            SLURM_TIME,
+        ),
+    ] = Field(default="01:00:00", description="Slurm time limit ([days-]hours:minutes:seconds).")
+
+
+class CheckpointSpec(Section):
+    """Where and how often checkpoints are written."""
+
+    dir: PathText = Field(default="checkpoints", description="Directory for checkpoints.")
+    every_steps: int = Field(
+        default=0, ge=0, description="Save every N optimizer steps; 0 = only at the end."
+    )
+    keep: int = Field(default=3, ge=0, description="Newest checkpoints kept; 0 = keep all.")
