@@ -25,7 +25,7 @@ from toolkit import engines
 from toolkit.cli import main
 from toolkit.render.mpijob import mpijob_manifest
 from toolkit.spec import SpecError, TrainSpec
-from toolkit.spec.model import DNS_LABEL
+from toolkit.spec.sections import DNS_LABEL
 
 jsonschema = pytest.importorskip("jsonschema")
 
