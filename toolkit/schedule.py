@@ -40,13 +40,20 @@ from typing import Any, Protocol
 class Schedule(Protocol):
     """The spec's `schedule` section, as this module reads it."""
 
-    name: str
-    warmup_steps: int
-    total_steps: int | None
-    warmup_start_ratio: float
-    min_ratio: float
-    step_size: int | None
-    step_gamma: float
+    @property
+    def name(self) -> str: ...
+    @property
+    def warmup_steps(self) -> int: ...
+    @property
+    def total_steps(self) -> int | None: ...
+    @property
+    def warmup_start_ratio(self) -> float: ...
+    @property
+    def min_ratio(self) -> float: ...
+    @property
+    def step_size(self) -> int | None: ...
+    @property
+    def step_gamma(self) -> float: ...
 
 
 def lr_ratio(schedule: Schedule, k: int) -> float:

@@ -16,16 +16,20 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.optim.lr_scheduler import LambdaLR
 
 from toolkit.engines import MPI_ENVIRONMENTS
 from toolkit.errors import ToolkitError
 from toolkit.launch.environment import LaunchEnvironment
 from toolkit.ports import free_port
+from toolkit.schedule import lr_ratio
 from toolkit.spec import TrainSpec
 
-# Every blocking collective gives up after this long instead of hanging forever when a peer
-# died or stalled; the launcher supervisor then stops the rest.
-COLLECTIVE_TIMEOUT = timedelta(seconds=300)
+
+def collective_timeout(spec: TrainSpec) -> timedelta:
+    """How long a blocking collective waits for its peers (the spec's timeouts.collective_s)
+    before failing, so that a dead or stalled peer ends the job instead of hanging it."""
+    return timedelta(seconds=spec.timeouts.collective_s)
 
 
 def apply_collective_timeout(timeout: timedelta) -> None:
@@ -80,6 +84,16 @@ def build_optimizer(params: Any, spec: TrainSpec, lr: float) -> torch.optim.Opti
         amsgrad=False,
         foreach=False,
     )
+
+
+def lr_scheduler(optimizer: torch.optim.Optimizer, spec: TrainSpec) -> LambdaLR | None:
+    """The spec's schedule (toolkit.schedule.lr_ratio) on the optimizer's learning rate, stepped
+    once per optimizer step; None for a constant schedule. LambdaLR sets step 0's rate when it
+    is built."""
+    if spec.schedule.name == "constant":
+        return None
+    schedule = spec.schedule
+    return LambdaLR(optimizer, lambda step: lr_ratio(schedule, step))
 
 
 def autocast(spec: TrainSpec) -> AbstractContextManager[Any]:

@@ -83,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(json.dumps(dataclasses.asdict(plan), indent=2) if args.json else format_plan(plan))
         return 0
+    if stall_timeout is None:
+        stall_timeout = spec.timeouts.stall_s
     result = execute(plan, spec, timeout=timeout, stall_timeout=stall_timeout)
     if not result.ok:
         print(f"toolkit launch: {result.report()}", file=sys.stderr)
@@ -105,9 +107,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--stall-timeout",
         metavar="SECONDS",
-        default=str(DEFAULT_STALL_SECONDS),
         help="stop the job when a rank sends no heartbeat for this long (ranks beat from "
-        f"toolkit.init every second; default {DEFAULT_STALL_SECONDS:g})",
+        "toolkit.init every second; default: the spec's timeouts.stall_s, "
+        f"{DEFAULT_STALL_SECONDS:g} unless set)",
     )
     parser.add_argument("command", nargs="*", metavar="-- SCRIPT ARGS", help="what each rank runs")
     parser.set_defaults(func=run)

@@ -68,11 +68,39 @@ ADAM_L2_ACCUMULATE: dict[str, Any] = {
     "clip_grad_norm": 0.0,
     "lr_scaling": "none",
 }
+# Warmup then cosine decay over the case's 20 steps (the schedule most jobs use): DeepSpeed
+# gets it as a scheduler the backend builds (its own WarmupCosineLR is one step ahead).
+ADAMW_WARMUP_COSINE: dict[str, Any] = {
+    **ADAMW_PLAIN,
+    "schedule": {
+        "name": "warmup_cosine",
+        "warmup_steps": 5,
+        "warmup_start_ratio": 0.1,
+        "total_steps": 20,
+        "min_ratio": 0.1,
+    },
+}
+# Warmup then linear decay to the warmup's start: the shape DeepSpeed's own WarmupDecayLR
+# computes, so DeepSpeed runs its own scheduler here (aligned by one step; toolkit.schedule).
+SGD_WARMUP_LINEAR: dict[str, Any] = {
+    **SGD_ACCUMULATE_CLIP,
+    "schedule": {
+        "name": "warmup_linear",
+        "warmup_steps": 4,
+        "warmup_start_ratio": 0.2,
+        "total_steps": 20,
+        "min_ratio": 0.2,
+    },
+}
 RECIPES = {
     "adamw": ADAMW_PLAIN,
     "sgd-accum2-clip-lrscale": SGD_ACCUMULATE_CLIP,
     "adam-l2-accum4": ADAM_L2_ACCUMULATE,
+    "adamw-warmup-cosine": ADAMW_WARMUP_COSINE,
 }
+"""Recipes every engine runs (unless it names its own)."""
+EXTRA_RECIPES = {"sgd-warmup-linear": SGD_WARMUP_LINEAR}
+"""Recipes only some engines run, named in all_cases."""
 
 
 @dataclass(frozen=True)
@@ -108,7 +136,7 @@ ENGINES: dict[str, Engine] = {
     "zero2-offload/deepspeed": Engine(
         "deepspeed",
         {"backend": "deepspeed", "zero": {"stage": 2, "offload_optimizer": "cpu"}},
-        recipes=("adamw", "adam-l2-accum4"),
+        recipes=("adamw", "adam-l2-accum4", "adamw-warmup-cosine"),
     ),
     "zero3-offload/deepspeed": Engine(
         "deepspeed",
@@ -116,7 +144,7 @@ ENGINES: dict[str, Engine] = {
             "backend": "deepspeed",
             "zero": {"stage": 3, "offload_optimizer": "cpu", "offload_params": "cpu"},
         },
-        recipes=("adamw", "adam-l2-accum4"),
+        recipes=("adamw", "adam-l2-accum4", "adamw-warmup-cosine"),
     ),
     "horovod-tf/horovodrun-gloo": Engine(
         "horovod",
@@ -184,7 +212,7 @@ def _case(engine_key: str, recipe: str, arch: str = "mlp", precision: str = "fp3
     engine = ENGINES[engine_key]
     spec = merge(
         BASE,
-        RECIPES[recipe],
+        {**RECIPES, **EXTRA_RECIPES}[recipe],
         engine.spec,
         {"precision": precision, "launch": {"np": engine.processes}},
     )
@@ -207,7 +235,30 @@ def all_cases() -> list[Case]:
         _case(engine, "sgd-accum2-clip-lrscale", precision="bf16")
         for engine in ("ddp/torchrun", "horovod/horovodrun-gloo")
     ]
+    cases += [
+        _case(engine, "sgd-warmup-linear")
+        for engine in (
+            "ddp/torchrun",
+            "zero1/deepspeed",
+            "pipeline2/deepspeed",
+            "tf-multiworker/local",
+        )
+    ]
     cross = merge(BASE, ADAMW_PLAIN, {"backend": "tf", "launch": {"np": 1, "launcher": "local"}})
+    scheduled = merge(
+        BASE, ADAMW_WARMUP_COSINE, {"backend": "tf", "launch": {"np": 1, "launcher": "local"}}
+    )
+    cases.append(
+        Case(
+            "cross-framework:mlp:tf-ref-vs-torch-ref:warmup-cosine",
+            "keras vs torch",
+            "mlp",
+            "fp32",
+            scheduled,
+            reference_framework="tensorflow",
+            compare_to="torch",
+        )
+    )
     for arch in ("mlp", "cnn"):
         cases.append(
             Case(

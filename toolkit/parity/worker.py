@@ -19,6 +19,7 @@ import numpy as np
 
 from toolkit.datasets import digits
 from toolkit.parity.architectures import initial_weights, inputs_for
+from toolkit.schedule import lr_ratio
 from toolkit.sharding import StepLayout, epoch_order, micro_batch_indices
 from toolkit.spec import TrainSpec
 
@@ -75,7 +76,9 @@ def reference_torch(spec: TrainSpec, arch: str, steps: int) -> tuple[list[float]
         else contextlib.nullcontext()
     )
     losses = []
-    for indices in global_batches(spec, steps, len(y)):
+    for step, indices in enumerate(global_batches(spec, steps, len(y))):
+        for group in optimizer.param_groups:  # the schedule, set by hand as a plain loop would
+            group["lr"] = lr * lr_ratio(spec.schedule, step)
         optimizer.zero_grad()
         with precision:
             loss = torch_models.loss_fn(model(x[indices]), y[indices])
@@ -117,7 +120,8 @@ def reference_tensorflow(spec: TrainSpec, arch: str, steps: int) -> tuple[list[f
         )
     )
     losses = []
-    for indices in global_batches(spec, steps, len(y)):
+    for step, indices in enumerate(global_batches(spec, steps, len(y))):
+        optimizer.learning_rate.assign(lr * lr_ratio(spec.schedule, step))
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(keras_models.loss_fn(model(x[indices]), y[indices]))
         grads = tape.gradient(loss, model.trainable_variables)

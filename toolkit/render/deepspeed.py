@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from toolkit.schedule import deepspeed_scheduler
 from toolkit.spec import TrainSpec
 
 _DTYPE = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}
@@ -100,7 +101,7 @@ def deepspeed_config(spec: TrainSpec, world_size: int | None = None) -> dict[str
     batch = spec.batch_for(world_size)
     scaling = spec.loss_scaling
     dtype = _DTYPE[spec.precision]
-    return {
+    config: dict[str, Any] = {
         "train_batch_size": batch.global_,
         "train_micro_batch_size_per_gpu": batch.micro,
         "gradient_accumulation_steps": batch.accumulation,
@@ -136,3 +137,9 @@ def deepspeed_config(spec: TrainSpec, world_size: int | None = None) -> dict[str
         "steps_per_print": spec.log_every_steps,
         "wall_clock_breakdown": False,
     }
+    # DeepSpeed's own scheduler only where its formula is the spec's (toolkit.schedule);
+    # otherwise the backend hands DeepSpeed a scheduler to step.
+    scheduler = deepspeed_scheduler(spec.schedule, spec.effective_lr(world_size))
+    if scheduler is not None:
+        config["scheduler"] = scheduler
+    return config

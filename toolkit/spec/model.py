@@ -25,6 +25,7 @@ from toolkit.spec.errors import SpecError, SpecIssue
 from toolkit.spec.fields import Section, rule_error
 from toolkit.spec.hostfile import read_hostfile
 from toolkit.spec.hosts import Host
+from toolkit.spec.run_sections import ScheduleSpec, TimeoutsSpec
 from toolkit.spec.sections import (
     BatchSpec,
     CheckpointSpec,
@@ -94,6 +95,14 @@ class TrainSpec(Section):
         default_factory=HorovodSpec, validate_default=True, description="Horovod settings."
     )
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")
+    schedule: ScheduleSpec = Field(
+        default_factory=ScheduleSpec,
+        description="Learning-rate schedule over optimizer steps (warmup, decay).",
+    )
+    timeouts: TimeoutsSpec = Field(
+        default_factory=TimeoutsSpec,
+        description="How long a job waits on a dead or stalled rank before it ends.",
+    )
     log_every_steps: int = Field(
         default=100, ge=1, description="Progress lines every N steps (DeepSpeed's steps_per_print)."
     )

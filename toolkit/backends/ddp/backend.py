@@ -32,14 +32,14 @@ class DDPBackend(common.TorchCollectives, TorchData, Backend):
     def setup(self) -> None:
         common.configure_threads(self.spec)
         common.export_torch_env(self.env, common.rendezvous(self.spec, self.env))
-        common.apply_collective_timeout(common.COLLECTIVE_TIMEOUT)
+        common.apply_collective_timeout(common.collective_timeout(self.spec))
         if not dist.is_initialized():
             dist.init_process_group(
                 "gloo",
                 init_method="env://",
                 rank=self.env.rank,
                 world_size=self.env.world_size,
-                timeout=common.COLLECTIVE_TIMEOUT,
+                timeout=common.collective_timeout(self.spec),
             )
         self.scaler = common.grad_scaler(self.spec)
 
@@ -49,6 +49,7 @@ class DDPBackend(common.TorchCollectives, TorchData, Backend):
         self.model = DistributedDataParallel(module)
         lr = self.spec.effective_lr(self.env.world_size)
         self.optimizer = optimizer or common.build_optimizer(self.model.parameters(), self.spec, lr)
+        self.scheduler = common.lr_scheduler(self.optimizer, self.spec)
         return self.model
 
     def train_step(self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn | None) -> float:
@@ -76,6 +77,8 @@ class DDPBackend(common.TorchCollectives, TorchData, Backend):
             self.scaler.update()
         else:
             self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
 
     def eval_sums(
         self, micro_batches: Sequence[MicroBatch], metric_fn: MetricFn, *, pairs: bool
@@ -92,4 +95,4 @@ class DDPBackend(common.TorchCollectives, TorchData, Backend):
         return common.numpy_state(self.model.module)
 
     def shutdown(self) -> None:
-        common.release_process_groups(self, ("model", "optimizer"))
+        common.release_process_groups(self, ("model", "optimizer", "scheduler"))

@@ -76,12 +76,12 @@ class DeepSpeedBackend(common.TorchCollectives, TorchData, Backend):
         common.export_torch_env(self.env, common.rendezvous(self.spec, self.env))
         # Not needed for training, and its JIT build can hang every later start (module docs).
         deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False
-        common.apply_collective_timeout(common.COLLECTIVE_TIMEOUT)
+        common.apply_collective_timeout(common.collective_timeout(self.spec))
         deepspeed.init_distributed(
             dist_backend="gloo",
             auto_mpi_discovery=False,
             init_method="env://",
-            timeout=common.COLLECTIVE_TIMEOUT,
+            timeout=common.collective_timeout(self.spec),
             verbose=False,
         )
 
@@ -92,15 +92,26 @@ class DeepSpeedBackend(common.TorchCollectives, TorchData, Backend):
             del config["optimizer"]  # DeepSpeed refuses a client optimizer and a config one
         if self.uses_pipeline:
             module = self._pipeline_module(module)
-        self.engine, _, _, _ = deepspeed.initialize(
+        # The spec's schedule: DeepSpeed's own when the config carries one (its formula is the
+        # spec's), else a scheduler DeepSpeed steps for us; constant needs neither.
+        own_scheduler = "scheduler" in config
+        self.engine, _, _, scheduler = deepspeed.initialize(
             model=module,
             model_parameters=[p for p in module.parameters() if p.requires_grad],
             optimizer=optimizer,
             config=config,
+            lr_scheduler=None if own_scheduler else self._client_scheduler,
         )
+        if own_scheduler:
+            # DeepSpeed's schedulers start one iteration behind the optimizer step
+            # (toolkit.schedule, findings): one step aligns iteration k with step k.
+            scheduler.step()
         # bf16 makes DeepSpeed cast the whole model; floating inputs must follow (module docs).
         self.input_dtype = next(self.engine.module.parameters()).dtype
         return self.engine
+
+    def _client_scheduler(self, optimizer: torch.optim.Optimizer) -> Any:
+        return common.lr_scheduler(optimizer, self.spec)
 
     def _pipeline_module(self, module: torch.nn.Module) -> PipelineModule:
         if not isinstance(module, torch.nn.Sequential):

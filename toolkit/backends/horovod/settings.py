@@ -10,9 +10,6 @@ from toolkit.launch.environment import LaunchEnvironment
 from toolkit.render import horovod as render_horovod
 from toolkit.spec import TrainSpec
 
-# Horovod's Gloo controller gives up on a dead peer after this many seconds instead of hanging.
-GLOO_TIMEOUT_SECONDS = "300"
-
 
 def export_environment(spec: TrainSpec, env: LaunchEnvironment) -> None:
     """Set HOROVOD_* from the spec before hvd.init(), whichever launcher started the ranks.
@@ -32,7 +29,13 @@ def export_environment(spec: TrainSpec, env: LaunchEnvironment) -> None:
             )
         settings["HOROVOD_CONTROLLER"] = "mpi"
         settings["HOROVOD_CPU_OPERATIONS"] = "mpi"
-    settings.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", GLOO_TIMEOUT_SECONDS)
+    # A dead or stalled peer ends the job after the spec's collective timeout: Gloo's operations
+    # give up then, and Horovod's stall inspector shuts down ranks still waiting for a peer's
+    # tensors (its check runs at half that period, so it warns before it shuts down).
+    timeout = spec.timeouts.collective_s
+    settings.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", str(max(1, round(timeout))))
+    settings.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(max(1, round(timeout / 2))))
+    settings.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(max(1, round(timeout))))
     if env.world_size == 1:
         # hvd.init() alone, with no launcher, runs one process over Gloo.
         settings.pop("HOROVOD_CONTROLLER")

@@ -66,6 +66,7 @@ class HorovodTorchBackend(TorchData, Backend):
             backward_passes_per_step=options["backward_passes_per_step"],
             gradient_predivide_factor=options["gradient_predivide_factor"],
         )
+        self.scheduler = common.lr_scheduler(self.optimizer, self.spec)
         hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
         if self.optimizer.state_dict()["state"]:
             # Only state that exists (a resumed optimizer) is broadcast; see the module docs.
@@ -88,6 +89,8 @@ class HorovodTorchBackend(TorchData, Backend):
                 self.optimizer.step()
         else:
             self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
         return float(self.allreduce(total / count))
 
     def eval_sums(

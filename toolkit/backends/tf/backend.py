@@ -37,8 +37,6 @@ from toolkit.sharding import LoaderPlan
 
 tf = common.tf
 
-COLLECTIVE_TIMEOUT_SECONDS = 300
-
 
 class TFBackend(Backend):
     strategy: Any
@@ -59,7 +57,7 @@ class TFBackend(Backend):
                     tf.distribute.experimental.CommunicationImplementation,
                     render_tf.communication_options(self.spec)["implementation"],
                 ),
-                timeout_seconds=COLLECTIVE_TIMEOUT_SECONDS,
+                timeout_seconds=self.spec.timeouts.collective_s,
             )
             self.strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
         elif self.replicas_per_process > 1:

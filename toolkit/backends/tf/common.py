@@ -26,6 +26,7 @@ from toolkit.backends.base import LossFn
 from toolkit.backends.batches import describe
 from toolkit.backends.tf.optimizers import TorchAdam, TorchSGD
 from toolkit.errors import ToolkitError
+from toolkit.schedule import lr_ratio
 from toolkit.spec import TrainSpec
 
 # torch.nn.utils.clip_grad_norm_ divides by (norm + 1e-6); tf.clip_by_global_norm does not.
@@ -42,18 +43,42 @@ def seed_everything(seed: int) -> None:
     keras.utils.set_random_seed(seed)
 
 
+class SpecSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """The spec's schedule as Keras reads it, from the optimizer's count of applied steps, so
+    step k uses the same rate as under the torch engines. The rate comes from the one formula,
+    `toolkit.schedule.lr_ratio`, through `tf.py_function` (one Python call per step) rather than
+    a second copy of the formula in TF ops."""
+
+    def __init__(self, peak: float, spec: TrainSpec) -> None:
+        self.peak = peak
+        self.schedule = spec.schedule
+
+    def _rate(self, step: Any) -> np.float32:
+        return np.float32(self.peak * lr_ratio(self.schedule, int(step)))
+
+    def __call__(self, step: Any) -> Any:
+        rate = tf.py_function(self._rate, [step], tf.float32)
+        rate.set_shape([])
+        return rate
+
+    def get_config(self) -> dict[str, Any]:
+        return {"peak": self.peak, "schedule": self.schedule.model_dump()}
+
+
 def build_optimizer(spec: TrainSpec, lr: float) -> keras.optimizers.Optimizer:
-    """The spec's optimizer with PyTorch's update rule (see toolkit.backends.tf.optimizers)."""
+    """The spec's optimizer with PyTorch's update rule (see toolkit.backends.tf.optimizers),
+    its learning rate following the spec's schedule."""
     opt = spec.optimizer
+    rate: Any = lr if spec.schedule.name == "constant" else SpecSchedule(lr, spec)
     if opt.name == "sgd":
         return TorchSGD(
-            learning_rate=lr,
+            learning_rate=rate,
             momentum=opt.momentum,
             weight_decay=opt.weight_decay,
             nesterov=opt.nesterov,
         )
     return TorchAdam(
-        learning_rate=lr,
+        learning_rate=rate,
         beta_1=opt.betas[0],
         beta_2=opt.betas[1],
         epsilon=opt.eps,
