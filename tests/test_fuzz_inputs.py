@@ -287,7 +287,17 @@ SEPARATORS = [" slots=", ":", "  slots = ", "\tslots=", " slots", " ", "::", " s
 
 
 def hostfile_text(rng: random.Random) -> str:
+    """A hostfile: a third of them well-formed (distinct hosts, good slots, comments), the
+    rest with hostile lines mixed in."""
     hostile = Hostile(rng)
+    if rng.random() < 1 / 3:
+        count = rng.randint(1, 8)
+        lines = [
+            f"node{i}{rng.choice([' slots=', ':', '  slots = '])}{rng.randint(1, 8)}"
+            for i in range(count)
+        ]
+        lines.insert(rng.randrange(count + 1), rng.choice(["", "# rack 1", "node9 # bare"]))
+        return "\n".join(lines)
     lines = []
     for _ in range(rng.randrange(12)):
         kind = rng.randrange(10)

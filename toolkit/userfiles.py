@@ -31,7 +31,10 @@ class UserFileError(ToolkitError):
     def __init__(self, path: str | os.PathLike[str], reason: str, hint: str) -> None:
         self.path = str(path)
         self.reason = reason
-        super().__init__(f"{self.path}: {reason}", hint)
+        shown = self.path if self.path.isprintable() else repr(self.path)
+        if len(shown) > 200:
+            shown = shown[:197] + "..."
+        super().__init__(f"{shown}: {reason}", hint)
 
 
 def _kind(mode: int) -> str:
@@ -51,6 +54,8 @@ def read_text(
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
     try:
         descriptor = os.open(path, flags)
+    except ValueError:  # a NUL in the path
+        raise UserFileError(path, f"the {what}'s path holds a NUL character", path_hint) from None
     except OSError as error:
         reason = error.strerror or error.__class__.__name__
         raise UserFileError(path, f"cannot open the {what} ({reason})", path_hint) from None

@@ -26,9 +26,8 @@ DEEPSPEED_CONFIG_LIMIT = 1 * MIB
 
 def _check(args: argparse.Namespace) -> int:
     spec = load_spec(args.file)
-    head = (
-        f"ok: {args.file}: backend {spec.backend} ({spec.framework_name}), launcher {spec.launcher}"
-    )
+    name = args.file if args.file.isprintable() else repr(args.file)
+    head = f"ok: {name}: backend {spec.backend} ({spec.framework_name}), launcher {spec.launcher}"
     if spec.fixed_world_size is None:
         print(f"{head}, ranks from the launcher (the batch is checked against them at start)")
         return 0
