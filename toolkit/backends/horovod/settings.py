@@ -21,9 +21,10 @@ def export_environment(spec: TrainSpec, env: LaunchEnvironment) -> None:
     """
     settings = render_horovod.environment(spec)
     if env.launcher != "horovodrun":
-        if spec.horovod.controller != "mpi" and env.rank == 0 and env.world_size > 1:
+        written = spec.horovod.controller_setting
+        if written is not None and written != "mpi" and env.rank == 0 and env.world_size > 1:
             print(
-                f"toolkit: horovod.controller={spec.horovod.controller!r} needs horovodrun; "
+                f"toolkit: horovod.controller={written!r} needs horovodrun; "
                 f"under {env.launcher} Horovod uses its MPI controller",
                 file=sys.stderr,
             )
