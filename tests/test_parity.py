@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from toolkit.parity.cases import all_cases, merge, select
+from toolkit.parity.cases import ENGINES, all_cases, merge, select
 from toolkit.parity.harness import Harness, loss_deviation, weight_deviation
 from toolkit.spec import TrainSpec
 
@@ -84,10 +85,24 @@ def test_keras_and_torch_references_agree(tmp_path: Path) -> None:
     assert outcome.status == "pass", outcome.to_json()
 
 
+FULL_PARITY = os.environ.get("TOOLKIT_PARITY") == "full"
+# By default every engine once, with the recipe that exercises the most (Adam state, warmup and
+# cosine decay), DeepSpeed's own scheduler once, and both framework references under the
+# schedule; `TOOLKIT_PARITY=full make test` (and `make demo`) run every case.
+REPRESENTATIVE = [
+    ":mlp:adamw-warmup-cosine",
+    "zero1/deepspeed:mlp:sgd-warmup-linear",
+    "tf-ref-vs-torch-ref:warmup-cosine",
+]
+
+
 @pytest.mark.multiproc
-@pytest.mark.timeout(1800)
-def test_every_parity_case_passes(tmp_path: Path) -> None:
-    """The whole suite, as `toolkit parity` runs it: every engine within its stated tolerance."""
-    outcomes = Harness(tmp_path).run(all_cases())
+@pytest.mark.timeout(3600)
+def test_parity_cases_pass(tmp_path: Path) -> None:
+    """The parity suite as `toolkit parity` runs it (a representative subset unless
+    TOOLKIT_PARITY=full): every engine within its stated tolerance."""
+    cases = all_cases() if FULL_PARITY else select(all_cases(), REPRESENTATIVE)
+    assert {case.engine for case in cases} >= set(ENGINES), "the subset skips an engine"
+    outcomes = Harness(tmp_path).run(cases)
     failures = {o.case.name: o.error[-600:] or o.to_json() for o in outcomes if o.status != "pass"}
     assert not failures, failures
