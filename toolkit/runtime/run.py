@@ -17,6 +17,8 @@ run under, then loads the backend class from the registry.
 
 from __future__ import annotations
 
+import atexit
+import gc
 import os
 import random
 import sys
@@ -215,7 +217,16 @@ class Run:
 
 
 def init(spec: TrainSpec, *, launcher: str | None = None, argv: Sequence[str] | None = None) -> Run:
-    """Detect the launcher, check the backend runs under it, seed, and start the engine."""
+    """Detect the launcher, check the backend runs under it, seed, and start the engine.
+
+    At exit, garbage the script left in reference cycles is collected while the interpreter
+    is still whole. Finding (the abort at exit, "terminate called without an active
+    exception"): process groups that only a cycle keeps alive (an engine, its optimizer and
+    the hooks on the model's parameters refer to each other) are otherwise destroyed during
+    interpreter finalization, when a gloo worker thread that still drops a finished
+    collective's tensors cannot take the GIL and is unwound through a noexcept destructor.
+    `Run.shutdown` releases the groups explicitly; this covers scripts that end without it.
+    """
     env = detect_environment(os.environ, sys.argv if argv is None else argv, launcher)
     check_environment(spec.backend, spec.framework_name, env.launcher)
     join_supervisor(env.rank)  # heartbeats to `toolkit launch`, if it started this process
@@ -223,4 +234,5 @@ def init(spec: TrainSpec, *, launcher: str | None = None, argv: Sequence[str] | 
     np.random.seed(spec.seed % 2**32)
     backend = load_backend_class(spec.backend, spec.framework_name)(spec, env)
     backend.setup()
+    atexit.register(gc.collect)  # after the script's own exit handlers: atexit runs LIFO
     return Run(spec, env, backend)
