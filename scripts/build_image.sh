@@ -79,21 +79,23 @@ debian_mirror() {
 }
 
 # -v options for `podman build`: the CA bundle, the host's pip configuration files and every
-# local folder that configuration names (find-links, file:// indexes), all read-only, and the
-# host's wheel cache read-write.
+# local folder they name (find-links, file:// indexes), all read-only, and the host's wheel cache
+# read-write. RUN steps do not see the host's environment, so PIP_* variables do not reach them:
+# the configuration files must say what the build needs.
 build_volumes() {
-  local file dir
+  local file dir configs=()
   [ -f "$CA_BUNDLE" ] && echo "-v=$CA_BUNDLE:$CA_BUNDLE:ro"
   for file in /etc/pip.conf /etc/xdg/pip/pip.conf "$HOME/.config/pip/pip.conf" "$HOME/.pip/pip.conf"; do
-    [ -f "$file" ] && echo "-v=$file:$file:ro"
+    [ -f "$file" ] && configs+=("$file") && echo "-v=$file:$file:ro"
   done
-  python3 -m pip config list 2>/dev/null \
-    | grep -oE "(file://)?/[^' ]+" | sed 's|^file://||' | sort -u \
-    | while read -r dir; do
-        # an index URL names .../simple; its files sit beside it, so mount the parent folder
-        [ "$(basename "$dir")" = simple ] && dir="$(dirname "$dir")"
-        [ -d "$dir" ] && echo "-v=$dir:$dir:ro"
-      done | sort -u
+  if ((${#configs[@]})); then
+    grep -hoE "(file://)?/[^' ,]+" "${configs[@]}" | sed 's|^file://||' | sort -u \
+      | while read -r dir; do
+          # an index URL names .../simple; its files sit beside it, so mount the parent folder
+          [ "$(basename "$dir")" = simple ] && dir="$(dirname "$dir")"
+          [ -d "$dir" ] && echo "-v=$dir:$dir:ro"
+        done | sort -u
+  fi
   mkdir -p "$CACHE/wheels"
   echo "-v=$CACHE/wheels:$IMAGE_WHEELS"
 }
