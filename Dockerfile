@@ -8,7 +8,16 @@
 #   docker build -t toolkit:latest .
 #   docker run --gpus all toolkit:latest                       # toolkit doctor
 #   docker run --gpus all toolkit:latest toolkit launch --spec train.yaml -- train.py
-FROM nvidia/cuda:12.8.1-cudnn-devel-ubuntu22.04
+#
+# The CPU variant takes another base and device; scripts/build_image.sh builds it with podman
+# from a Debian bookworm base made locally (no registry) and runs jobs inside it:
+#   podman build --build-arg BASE_IMAGE=localhost/debian-base:bookworm \
+#       --build-arg TOOLKIT_DEVICE=cpu -t toolkit:cpu .
+ARG BASE_IMAGE=nvidia/cuda:12.8.1-cudnn-devel-ubuntu22.04
+FROM ${BASE_IMAGE}
+
+# cuda or cpu: which builds of the pins scripts/setup.sh installs.
+ARG TOOLKIT_DEVICE=cuda
 
 ARG TORCH_VERSION=2.13.0
 ARG TF_VERSION=2.21.0
@@ -18,7 +27,7 @@ ARG HOROVOD_VERSION=0.28.1
 
 ENV DEBIAN_FRONTEND=noninteractive \
     PYTHON=python3.11 \
-    TOOLKIT_DEVICE=cuda \
+    TOOLKIT_DEVICE=${TOOLKIT_DEVICE} \
     TOOLKIT_VENV=/opt/toolkit/.venv \
     TOOLKIT_CACHE=/opt/toolkit-cache \
     PATH=/opt/toolkit/.venv/bin:$PATH
@@ -32,9 +41,21 @@ RUN apt-get update && apt-get install -y --no-install-recommends \
     && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /opt/toolkit
+# Open MPI, CMake, torch, TF, DeepSpeed, mpi4py and Horovod (NCCL on cuda) exactly as CI installs
+# them, without the test cluster's packages (Slurm, munge). Only the setup scripts are copied
+# first, so a change to the toolkit's code does not rebuild this layer. When the build mounts a
+# Horovod wheel cache at $TOOLKIT_CACHE/wheels (scripts/build_image.sh does), setup.sh reuses
+# that wheel instead of compiling Horovod.
+COPY scripts/setup.sh scripts/build_horovod.sh /opt/toolkit/scripts/
+RUN TOOLKIT_INSTALL_SELF=0 TOOLKIT_TEST_CLUSTER=0 \
+    TORCH_VERSION=$TORCH_VERSION TF_VERSION=$TF_VERSION DEEPSPEED_VERSION=$DEEPSPEED_VERSION \
+    MPI4PY_VERSION=$MPI4PY_VERSION HOROVOD_VERSION=$HOROVOD_VERSION bash scripts/setup.sh \
+    && rm -rf /root/.cache/pip /var/lib/apt/lists/*
+
 COPY . /opt/toolkit
-# Open MPI, CMake, torch, TF, DeepSpeed, mpi4py and Horovod (NCCL) exactly as CI installs them.
-RUN TORCH_VERSION=$TORCH_VERSION TF_VERSION=$TF_VERSION DEEPSPEED_VERSION=$DEEPSPEED_VERSION \
+# The same script again: every engine step is a no-op now; it installs the toolkit itself.
+RUN TOOLKIT_TEST_CLUSTER=0 \
+    TORCH_VERSION=$TORCH_VERSION TF_VERSION=$TF_VERSION DEEPSPEED_VERSION=$DEEPSPEED_VERSION \
     MPI4PY_VERSION=$MPI4PY_VERSION HOROVOD_VERSION=$HOROVOD_VERSION bash scripts/setup.sh \
     && rm -rf /root/.cache/pip
 

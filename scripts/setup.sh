@@ -5,6 +5,7 @@
 #   bash scripts/setup.sh            # CPU stack into ./.venv
 #   TOOLKIT_DEVICE=cuda bash scripts/setup.sh
 #   TOOLKIT_TEST_CLUSTER=0 bash scripts/setup.sh   # without the test cluster's packages
+#   TOOLKIT_INSTALL_SELF=0 bash scripts/setup.sh   # the engines only, not the toolkit itself
 #
 # Steps are named as they run. Re-running is cheap: apt packages already present are skipped,
 # pinned pip packages already installed are no-ops, and Horovod is compiled only once; its wheel
@@ -97,7 +98,13 @@ source "$ROOT/scripts/build_horovod.sh"
 install_horovod
 
 step "7/7 the toolkit itself, with its development tools"
-pip_install --no-build-isolation -e "$ROOT[dev]"
+# The Dockerfile installs the engines before it copies the source (TOOLKIT_INSTALL_SELF=0), so a
+# change to the code does not rebuild the engines' layer.
+if [ "${TOOLKIT_INSTALL_SELF:-1}" = 1 ]; then
+  pip_install --no-build-isolation -e "$ROOT[dev]"
+else
+  echo "skipped (TOOLKIT_INSTALL_SELF=0)"
+fi
 
 echo
 echo "[setup] done: $VENV ($DEVICE). Check it with: $VENV/bin/toolkit doctor"

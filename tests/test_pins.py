@@ -60,10 +60,74 @@ def test_pyproject_pins_match_setup_script() -> None:
         assert pyproject[PYPROJECT_NAMES[variable]] == version, variable
 
 
-def test_dockerfile_installs_through_the_setup_script_for_cuda() -> None:
-    dockerfile = (ROOT / "Dockerfile").read_text()
-    assert "bash scripts/setup.sh" in dockerfile
-    for variable in PINNED:  # the ARGs reach the script, so they are not decoration
-        assert f"{variable}=${variable}" in dockerfile
-    assert "TOOLKIT_DEVICE=cuda" in dockerfile
-    assert re.search(r"^FROM nvidia/cuda:\S+devel", dockerfile, flags=re.MULTILINE)
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """The Dockerfile as (INSTRUCTION, arguments) pairs, continuation lines joined."""
+    text = (ROOT / "Dockerfile").read_text()
+    lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    joined = "\n".join(lines).replace("\\\n", " ")
+    pairs = []
+    for line in joined.splitlines():
+        if line.strip():
+            instruction, _, arguments = line.strip().partition(" ")
+            pairs.append((instruction.upper(), " ".join(arguments.split())))
+    return pairs
+
+
+def base_image(build_args: dict[str, str]) -> str:
+    """The image FROM names for these --build-arg values, as Docker resolves it: only ARGs
+    declared before FROM are in scope there."""
+    instructions = dockerfile_instructions()
+    first_from = first_from_index(instructions)
+    before_from = instructions[:first_from]
+    scope = dict(arguments.partition("=")[::2] for name, arguments in before_from if name == "ARG")
+    scope.update({key: value for key, value in build_args.items() if key in scope})
+    return re.sub(r"\$\{?(\w+)\}?", lambda m: scope[m.group(1)], instructions[first_from][1])
+
+
+def first_from_index(instructions: list[tuple[str, str]]) -> int:
+    return next(i for i, (name, _) in enumerate(instructions) if name == "FROM")
+
+
+def test_default_build_is_the_cuda_image() -> None:
+    assert re.fullmatch(r"nvidia/cuda:\S+devel\S*", base_image({}))
+
+
+def test_base_image_argument_selects_the_base() -> None:
+    local = "localhost/debian-base:bookworm"
+    assert base_image({"BASE_IMAGE": local}) == local
+
+
+def test_device_argument_reaches_the_setup_script_and_defaults_to_cuda() -> None:
+    instructions = dockerfile_instructions()
+    after_from = instructions[first_from_index(instructions) + 1 :]
+    # declared after FROM, or RUN steps would not see it
+    assert ("ARG", "TOOLKIT_DEVICE=cuda") in after_from
+    envs = " ".join(arguments for name, arguments in after_from if name == "ENV")
+    assert "TOOLKIT_DEVICE=${TOOLKIT_DEVICE}" in envs.split()
+
+
+def test_dockerfile_installs_through_the_setup_script() -> None:
+    setup_runs = [
+        arguments
+        for name, arguments in dockerfile_instructions()
+        if name == "RUN" and "bash scripts/setup.sh" in arguments
+    ]
+    assert setup_runs
+    for run in setup_runs:  # the ARGs reach the script, so they are not decoration
+        for variable in PINNED:
+            assert f"{variable}=${variable}" in run.split()
+
+
+def test_engines_layer_is_built_before_the_source_is_copied() -> None:
+    """A change to the toolkit's code must not rebuild the engines: the first setup.sh run sees
+    only the setup scripts and skips installing the toolkit itself."""
+    instructions = dockerfile_instructions()
+    copy_all = instructions.index(("COPY", ". /opt/toolkit"))
+    first_setup = next(
+        i
+        for i, (name, arguments) in enumerate(instructions)
+        if name == "RUN" and "bash scripts/setup.sh" in arguments
+    )
+    assert first_setup < copy_all
+    assert "TOOLKIT_INSTALL_SELF=0" in instructions[first_setup][1].split()
+    assert "TOOLKIT_INSTALL_SELF" in (ROOT / "scripts" / "setup.sh").read_text()
