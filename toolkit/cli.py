@@ -26,6 +26,8 @@ COMMANDS = {
     "spec": "check, show or import (from a DeepSpeed config) a spec",
     "launch": "start a job under the spec's launcher (or --dry-run to see it)",
     "parity": "prove every engine trains the same model to the same weights",
+    "bench": "measure the toolkit's step and collectives against the native engines",
+    "plan": "per-rank memory, communication and pipeline bubble for every engine",
 }
 USER_ERROR_EXIT = 2
 
