@@ -13,6 +13,8 @@ the one change from the guide.
 
 from __future__ import annotations
 
+from typing import Any
+
 import _bench
 import horovod.tensorflow as hvd
 import numpy as np
@@ -63,19 +65,14 @@ def main() -> None:
         return loss
 
     data = _bench.batches(args, rank)
-    if args.host_copy:
 
-        def step(batch: tuple[np.ndarray, np.ndarray]) -> tf.Tensor:
-            x, y = (tf.constant(np.stack([a])[0]) for a in batch)
-            return run(x, y)
+    def step(batch: tuple[Any, Any]) -> tf.Tensor:
+        if args.host_copy:
+            # The toolkit stacks a step's micro-batches into one array and copies it to a tensor.
+            batch = tuple(tf.constant(np.stack([array])[0]) for array in batch)
+        return run(*batch)
 
-        inputs: list = data
-    else:
-
-        def step(batch: tuple[tf.Tensor, tf.Tensor]) -> tf.Tensor:
-            return run(*batch)
-
-        inputs = [tuple(tf.constant(a) for a in b) for b in data]
+    inputs = data if args.host_copy else [tuple(tf.constant(a) for a in b) for b in data]
     seconds, loss = _bench.time_steps(step, inputs, args)
     _bench.write(args, rank, world, seconds, loss, engine="horovod-tf")
     hvd.shutdown()

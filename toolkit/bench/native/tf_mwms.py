@@ -11,6 +11,8 @@ with `tf.nn.compute_average_loss` over the global batch and reduces the loss wit
 
 from __future__ import annotations
 
+from typing import Any
+
 import _bench
 import numpy as np
 import tensorflow as tf
@@ -64,19 +66,14 @@ def main() -> None:
         return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
     data = _bench.batches(args, rank)
-    if args.host_copy:
-        # The toolkit stacks a step's micro-batches into one array and copies it into a tensor.
-        def step(batch: tuple[np.ndarray, np.ndarray]) -> tf.Tensor:
-            x, y = (tf.constant(np.stack([a])[0]) for a in batch)
-            return train_step(x, y)
 
-        inputs: list = data
-    else:
+    def step(batch: tuple[Any, Any]) -> tf.Tensor:
+        if args.host_copy:
+            # The toolkit stacks a step's micro-batches into one array and copies it to a tensor.
+            batch = tuple(tf.constant(np.stack([array])[0]) for array in batch)
+        return train_step(*batch)
 
-        def step(batch: tuple[tf.Tensor, tf.Tensor]) -> tf.Tensor:
-            return train_step(*batch)
-
-        inputs = [tuple(tf.constant(a) for a in b) for b in data]
+    inputs = data if args.host_copy else [tuple(tf.constant(a) for a in b) for b in data]
     seconds, loss = _bench.time_steps(step, inputs, args)
     _bench.write(args, rank, world, seconds, loss, engine="tf-mwms")
 
