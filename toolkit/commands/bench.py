@@ -103,6 +103,16 @@ def register(subparsers: Any) -> None:
     sweep.add_argument("--out", default=DEFAULT_OUT, help="where allreduce.json and .png go")
     sweep.set_defaults(func=run_allreduce)
 
+    memory = commands.add_parser("memory", help="toolkit plan against real CPU runs")
+    memory.add_argument(
+        "--spec", default=None, metavar="FILE", help="optimizer/precision from here"
+    )
+    memory.add_argument("--layers", type=_layers, default=None, help="MLP widths")
+    memory.add_argument("--micro", type=_positive, default=64, help="samples per rank")
+    memory.add_argument("--cases", nargs="*", default=[], metavar="PATTERN", help="only these")
+    memory.add_argument("--out", default=DEFAULT_OUT, help="where memory.json goes")
+    memory.set_defaults(func=run_memory)
+
 
 def _step_command(args: argparse.Namespace) -> str:
     """The command line that reproduces this run, for the JSON and BENCHMARKS.md."""
@@ -213,4 +223,37 @@ def run_allreduce(args: argparse.Namespace) -> int:
     png = plot(data, out / "allreduce.png")
     print(table(data))
     print(f"wrote {out / 'allreduce.json'}, {png}")
+    return 1 if data["errors"] else 0
+
+
+def run_memory(args: argparse.Namespace) -> int:
+    from toolkit.bench import memory, record
+    from toolkit.bench.step import log_stderr
+    from toolkit.spec import load_spec
+
+    base: dict[str, Any] = {"optimizer": {"name": "adamw"}}
+    if args.spec:
+        spec = load_spec(args.spec).to_dict()
+        base = {"optimizer": spec["optimizer"], "precision": spec["precision"]}
+    cases = tuple(
+        c for c in memory.MEMORY_CASES if not args.cases or any(p in c.name for p in args.cases)
+    )
+    if not cases:
+        names = ", ".join(c.name for c in memory.MEMORY_CASES)
+        raise ToolkitError(f"--cases {args.cases}: matches no case", f"cases: {names}")
+    layers = args.layers or memory.DEFAULT_LAYERS
+    context = record.machine()
+    with tempfile.TemporaryDirectory(prefix="toolkit-bench-") as work:
+        measured = memory.run_memory(
+            Path(work), layers=layers, micro=args.micro, base=base, cases=cases, log=log_stderr
+        )
+    words = ["toolkit", "bench", "memory", "--micro", str(args.micro)]
+    words += ["--spec", args.spec] if args.spec else []
+    words += ["--layers", ",".join(map(str, layers))] if args.layers else []
+    words += ["--cases", *args.cases] if args.cases else []
+    data = {"kind": "memory", "command": " ".join(words), "machine": record.finish(context)}
+    data.update(measured)
+    record.write_json(Path(args.out) / "memory.json", data)
+    print(memory.table(data))
+    print(f"wrote {Path(args.out) / 'memory.json'}")
     return 1 if data["errors"] else 0
