@@ -74,6 +74,13 @@ class CaseResult:
             "ratio_to_baseline": {
                 label: self.ratio(label).to_json() for label in self.variants[1:]
             },
+            "toolkit_over_defaults": (
+                stats.spread(
+                    stats.ratios(self.step_ms["toolkit"], self.step_ms["defaults"])
+                ).to_json()
+                if "defaults" in self.step_ms
+                else None
+            ),
             "toolkit_loader_ms": stats.median(self.loader_ms),
             "settings": self.settings,
             "errors": self.errors,
@@ -81,10 +88,14 @@ class CaseResult:
 
 
 def variants_for(*, vs_defaults: bool, patches: list[str], candidates: list[str]) -> list[Variant]:
-    base = "defaults" if vs_defaults else "native"
-    found = [Variant(base, base), Variant("toolkit", "toolkit"), Variant(f"{base}-again", base)]
+    """native first (every ratio's denominator), toolkit, native again (A/A); with vs_defaults
+    the engine at its own defaults too; then one variant per patch and per candidate flag."""
+    found = [Variant("native", "native"), Variant("toolkit", "toolkit")]
+    found.append(Variant("native-again", "native"))
+    if vs_defaults:
+        found.append(Variant("defaults", "defaults"))
     found += [Variant(f"toolkit+{p}", "toolkit", ("--patch", p)) for p in patches]
-    found += [Variant(f"{base}+{flag.lstrip('-')}", base, (flag,)) for flag in candidates]
+    found += [Variant(f"native+{flag.lstrip('-')}", "native", (flag,)) for flag in candidates]
     return found
 
 

@@ -6,8 +6,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-from toolkit.bench import stats
-
 
 def _fmt(value: float, spec: str) -> str:
     return "-" if not math.isfinite(value) else format(value, spec)
@@ -31,6 +29,14 @@ def table(data: dict[str, Any]) -> str:
                 cells = f"{_fmt(ratio['median'], '.3f'):>10} {ci:>20} {span:>14}"
             name = case["case"] if label == baseline else ""
             lines.append(f"{name:32} {label:26} {_fmt(ms, '.1f'):>8} {cells}")
+        over = case.get("toolkit_over_defaults")
+        if over:
+            ci = f"[{_fmt(over['ci_low'], '.3f')}, {_fmt(over['ci_high'], '.3f')}]"
+            span = f"{_fmt(over['low'], '.3f')}..{_fmt(over['high'], '.3f')}"
+            lines.append(
+                f"{'':32} {'toolkit / defaults':26} {'':>8} {_fmt(over['median'], '.3f'):>10} "
+                f"{ci:>20} {span:>14}"
+            )
         for error in case["errors"]:
             lines.append(f"{'':32} error: {error.splitlines()[0]}")
     return "\n".join(lines)
@@ -74,8 +80,3 @@ def plot(data: dict[str, Any], path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
-
-
-def ratio_of(case: dict[str, Any], label: str) -> stats.Spread:
-    found = case["ratio_to_baseline"][label]
-    return stats.Spread(**found)

@@ -72,7 +72,7 @@ def register(subparsers: Any) -> None:
     step.add_argument(
         "--vs-defaults",
         action="store_true",
-        help="compare with the engine at its own defaults instead of the toolkit's settings",
+        help="also run the native script with the engine's own defaults (toolkit / defaults)",
     )
     step.add_argument(
         "--cases", nargs="*", default=[], metavar="PATTERN", help="with --all: only these"
@@ -83,7 +83,8 @@ def register(subparsers: Any) -> None:
     )
     step.add_argument("--layers", type=_layers, default=None, help="MLP widths (default issue's)")
     step.add_argument("--micro", type=_positive, default=None, help="samples per rank per step")
-    step.add_argument("--out", default=DEFAULT_OUT, help="where step.json and step.png go")
+    step.add_argument("--out", default=DEFAULT_OUT, help="where NAME.json and NAME.png go")
+    step.add_argument("--name", default="step", help="file name stem (default step)")
     step.set_defaults(func=run_step)
 
     sweep = commands.add_parser("allreduce", help="allreduce bus bandwidth by message size")
@@ -121,6 +122,7 @@ def _step_command(args: argparse.Namespace) -> str:
     words += ["--vs-defaults"] if args.vs_defaults else []
     words += ["--reps", str(args.reps), "--steps", str(args.steps), "--warmup", str(args.warmup)]
     words += ["--cases", *args.cases] if args.cases else []
+    words += ["--name", args.name] if args.name != "step" else []
     for name in args.patch:
         words += ["--patch", name]
     for flag in args.candidate:
@@ -173,9 +175,9 @@ def run_step(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="toolkit-bench-") as work:
         bench = StepBench(Path(work), user, steps=args.steps, warmup=args.warmup, log=log_stderr)
         results = bench.run(selected, variants, args.reps)
-    name = "step-vs-defaults" if args.vs_defaults else "step"
+    name = args.name
     data = {
-        "kind": name,
+        "kind": "step",
         "command": _step_command(args),
         "machine": record.finish(context),
         "reps": args.reps,
