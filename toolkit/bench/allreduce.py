@@ -30,7 +30,7 @@ from toolkit.spec import TrainSpec
 RANK_PROGRAM = str(Path(__file__).parent / "ranks" / "toolkit_allreduce.py")
 KIB, MIB = 1 << 10, 1 << 20
 DEFAULT_SIZES = tuple(4 * KIB * 4**k for k in range(8))  # 4 KiB .. 64 MiB
-FULL_SIZES = tuple(4 * KIB * 4**k for k in range(10))  # 4 KiB .. 256 MiB
+FULL_SIZES = tuple(4 * KIB * 4**k for k in range(9))  # 4 KiB .. 256 MiB
 SWEEP_TIMEOUT_S = 900
 
 

@@ -5,7 +5,7 @@
 - `allreduce [--sizes ...]`: allreduce bus bandwidth through the toolkit and each raw path, with
   memcpy measured in the same run as the physical limit.
 - `memory --spec FILE`: `toolkit plan`'s per-rank memory against real CPU runs.
-- `report`: BENCHMARKS.md from the JSON the others wrote.
+- `report`: BENCHMARKS.md from the JSON the others wrote; `all`: every figure, then the report.
 
 Imports no engine: engines run only inside the launched ranks.
 """
@@ -13,6 +13,7 @@ Imports no engine: engines run only inside the launched ranks.
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -113,6 +114,20 @@ def register(subparsers: Any) -> None:
     memory.add_argument("--cases", nargs="*", default=[], metavar="PATTERN", help="only these")
     memory.add_argument("--out", default=DEFAULT_OUT, help="where memory.json goes")
     memory.set_defaults(func=run_memory)
+
+    report = commands.add_parser("report", help="BENCHMARKS.md from the JSON in a directory")
+    report.add_argument("--dir", default="docs/bench", help="where the JSON and PNG are")
+    report.add_argument("--to", default="BENCHMARKS.md", help="the Markdown file to write")
+    report.set_defaults(func=run_report)
+
+    everything = commands.add_parser(
+        "all", help="every benchmark BENCHMARKS.md shows, then the report (about an hour)"
+    )
+    add_spec(everything)
+    everything.add_argument("--dir", default="docs/bench", help="where results go")
+    everything.add_argument("--to", default="BENCHMARKS.md", help="the Markdown file to write")
+    everything.add_argument("--reps", type=_positive, default=3, help="step repetitions")
+    everything.set_defaults(func=run_all)
 
 
 def _step_command(args: argparse.Namespace) -> str:
@@ -259,3 +274,49 @@ def run_memory(args: argparse.Namespace) -> int:
     print(memory.table(data))
     print(f"wrote {Path(args.out) / 'memory.json'}")
     return 1 if data["errors"] else 0
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from toolkit.bench.markdown import render
+
+    directory, target = Path(args.dir), Path(args.to)
+    if not directory.is_dir():
+        raise ToolkitError(f"--dir {args.dir!r} is not a directory", "run `toolkit bench all`")
+    prefix = os.path.relpath(directory, target.parent or Path(".")).rstrip("/") + "/"
+    target.write_text(render(directory, image_prefix=prefix))
+    print(f"wrote {target}")
+    return 0
+
+
+def run_all(args: argparse.Namespace) -> int:
+    """What BENCHMARKS.md shows, each through the CLI itself so the JSON records its command."""
+    from toolkit.cli import main
+
+    out = ["--out", args.dir]
+    runs = [
+        [
+            "bench",
+            "step",
+            "--spec",
+            args.spec,
+            "--all",
+            "--vs-defaults",
+            "--reps",
+            str(args.reps),
+            *out,
+        ],
+        ["bench", "allreduce", "--full", *out],
+        ["bench", "memory", *out],
+    ]
+    status = 0
+    for argv in runs:
+        status |= main(argv)
+    memory_spec = Path(args.dir) / "memory-plan.yaml"
+    memory_spec.write_text(
+        "backend: ddp\noptimizer: {name: adamw}\nbatch: {global: 128, micro: 64}\nlaunch: {np: 2}\n"
+    )
+    model = "toolkit.bench.native._torch_model:memory_mlp"
+    plan_out = str(Path(args.dir) / "plan.txt")
+    status |= main(["plan", "--spec", str(memory_spec), "--model", model, "-o", plan_out])
+    status |= main(["bench", "report", "--dir", args.dir, "--to", args.to])
+    return status

@@ -15,3 +15,13 @@ def mlp(dims: list[int]) -> torch.nn.Sequential:
         if index < len(dims) - 2:
             layers.append(torch.nn.ReLU())
     return torch.nn.Sequential(*layers)
+
+
+def issue_mlp() -> torch.nn.Sequential:
+    """Issue 13's MLP, the step bench's default (for `toolkit plan --model`)."""
+    return mlp([512, 2048, 2048, 512, 10])
+
+
+def memory_mlp() -> torch.nn.Sequential:
+    """The memory bench's MLP (toolkit.bench.memory.DEFAULT_LAYERS)."""
+    return mlp([512, 4096, 4096, 512, 10])
