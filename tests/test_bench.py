@@ -14,9 +14,10 @@ from toolkit import engines
 from toolkit.bench import allreduce, allreduce_report, cases, markdown, stats, step_report
 from toolkit.bench.bare import BARE, bare_launch
 from toolkit.bench.memory import mlp_facts
-from toolkit.bench.step import case_spec, variants_for
+from toolkit.bench.step import case_spec, parse_setting, variants_for
 from toolkit.bench.workload import Workload
 from toolkit.cli import main
+from toolkit.errors import ToolkitError
 from toolkit.spec import TrainSpec
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -80,6 +81,18 @@ def test_variants_put_native_first_and_add_what_is_asked() -> None:
         "toolkit+local-loss",
         "native+host-copy",
     ]
+
+
+def test_settings_become_native_variants_with_their_spec() -> None:
+    (variant,) = variants_for(
+        vs_defaults=False, patches=[], candidates=[], settings=["horovod.cycle_time_ms=0.1"]
+    )[3:]
+    assert variant.label == "native@horovod.cycle_time_ms=0.1"
+    assert variant.setting == {"horovod": {"cycle_time_ms": 0.1}}
+    case = next(c for c in cases.CASES if c.name.startswith("horovod-torch-gloo"))
+    assert case_spec(TrainSpec(), case, variant.setting).horovod.cycle_time_ms == 0.1
+    with pytest.raises(ToolkitError, match="PATH=VALUE"):
+        parse_setting("horovod.cycle_time_ms")
 
 
 def test_deepspeed_native_gets_the_toolkits_config(tmp_path: Path) -> None:

@@ -19,14 +19,17 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from toolkit.bench import stats
 from toolkit.bench.bare import bare_launch, execute_bare
 from toolkit.bench.cases import Native, StepCase, native_for
+from toolkit.errors import ToolkitError
 from toolkit.launch.runner import execute, machine_context
 from toolkit.launch.supervisor import LaunchResult, free_port
 from toolkit.parity.cases import merge
@@ -37,13 +40,16 @@ TOOLKIT_RANK = str(Path(__file__).parent / "ranks" / "toolkit_step.py")
 LAUNCH_TIMEOUT_S = 600
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Variant:
     label: str
     kind: str
     """native | defaults | toolkit"""
     extra: tuple[str, ...] = ()
     """--patch NAME for toolkit, candidate flags for native."""
+    setting: dict[str, Any] = field(default_factory=dict)
+    """Spec fields over the case's (--setting PATH=VALUE): the native script under another
+    setting of the toolkit's, to compare settings side by side."""
 
 
 @dataclass
@@ -87,21 +93,46 @@ class CaseResult:
         }
 
 
-def variants_for(*, vs_defaults: bool, patches: list[str], candidates: list[str]) -> list[Variant]:
+def variants_for(
+    *,
+    vs_defaults: bool,
+    patches: list[str],
+    candidates: list[str],
+    settings: Sequence[str] = (),
+) -> list[Variant]:
     """native first (every ratio's denominator), toolkit, native again (A/A); with vs_defaults
-    the engine at its own defaults too; then one variant per patch and per candidate flag."""
+    the engine at its own defaults too; then one variant per patch, candidate flag and
+    setting."""
     found = [Variant("native", "native"), Variant("toolkit", "toolkit")]
     found.append(Variant("native-again", "native"))
     if vs_defaults:
         found.append(Variant("defaults", "defaults"))
     found += [Variant(f"toolkit+{p}", "toolkit", ("--patch", p)) for p in patches]
     found += [Variant(f"native+{flag.lstrip('-')}", "native", (flag,)) for flag in candidates]
+    found += [Variant(f"native@{text}", "native", (), parse_setting(text)) for text in settings]
     return found
 
 
-def case_spec(user: TrainSpec, case: StepCase) -> TrainSpec:
-    """The user's spec, the case's engine, the workload pinned, fresh ports, this machine."""
-    data = merge(user.to_dict(), case.spec)
+def parse_setting(text: str) -> dict[str, Any]:
+    """ "horovod.cycle_time_ms=0.1" -> {"horovod": {"cycle_time_ms": 0.1}} (YAML values)."""
+    path, separator, value = text.partition("=")
+    if not separator or not path or any(not part for part in path.split(".")):
+        raise ToolkitError(
+            f"--setting {text!r}: expected PATH=VALUE", "e.g. --setting horovod.cycle_time_ms=0.1"
+        )
+    data: dict[str, Any] = {}
+    node = data
+    *parents, leaf = path.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = yaml.safe_load(value)
+    return data
+
+
+def case_spec(user: TrainSpec, case: StepCase, setting: dict[str, Any] | None = None) -> TrainSpec:
+    """The user's spec, the case's engine, a variant's setting, the workload pinned, fresh
+    ports, this machine."""
+    data = merge(user.to_dict(), case.spec, setting or {})
     data = merge(data, case.workload.spec_fields(case.workload.ranks // _stages(data)))
     data = merge(
         data,
@@ -168,7 +199,7 @@ class StepBench:
         directory.mkdir(parents=True)
         out = directory / "timings.json"
         # Fresh ports for every launch: back-to-back jobs on one port can meet the last's socket.
-        spec = case_spec(self.user, case)
+        spec = case_spec(self.user, case, variant.setting)
         args = [*case.workload.arguments(steps=self.steps, warmup=self.warmup), "--out", str(out)]
         if variant.kind == "toolkit":
             spec_file = directory / "spec.json"

@@ -82,6 +82,13 @@ def register(subparsers: Any) -> None:
     step.add_argument(
         "--candidate", action="append", default=[], help="add native+FLAG (e.g. --loss-allreduce)"
     )
+    step.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="PATH=VALUE",
+        help="add native@PATH=VALUE: the native step under another spec setting",
+    )
     step.add_argument("--layers", type=_layers, default=None, help="MLP widths (default issue's)")
     step.add_argument("--micro", type=_positive, default=None, help="samples per rank per step")
     step.add_argument("--out", default=DEFAULT_OUT, help="where NAME.json and NAME.png go")
@@ -142,6 +149,8 @@ def _step_command(args: argparse.Namespace) -> str:
         words += ["--patch", name]
     for flag in args.candidate:
         words += [f"--candidate={flag}"]
+    for text in args.setting:
+        words += ["--setting", text]
     if args.layers:
         words += ["--layers", ",".join(map(str, args.layers))]
     if args.micro:
@@ -183,7 +192,10 @@ def run_step(args: argparse.Namespace) -> int:
             for c in selected
         ]
     variants = variants_for(
-        vs_defaults=args.vs_defaults, patches=args.patch, candidates=args.candidate
+        vs_defaults=args.vs_defaults,
+        patches=args.patch,
+        candidates=args.candidate,
+        settings=args.setting,
     )
     context = record.machine()
     out = Path(args.out)
@@ -282,7 +294,7 @@ def run_report(args: argparse.Namespace) -> int:
     directory, target = Path(args.dir), Path(args.to)
     if not directory.is_dir():
         raise ToolkitError(f"--dir {args.dir!r} is not a directory", "run `toolkit bench all`")
-    prefix = os.path.relpath(directory, target.parent or Path(".")).rstrip("/") + "/"
+    prefix = os.path.relpath(str(directory), str(target.parent)).rstrip("/") + "/"
     target.write_text(render(directory, image_prefix=prefix))
     print(f"wrote {target}")
     return 0
