@@ -68,6 +68,17 @@ def step_section(data: dict[str, Any], title: str, png: str) -> list[str]:
         "interval of that median] (min..max); `native-again / native` is the A/A noise floor."
     )
     lines += ["", *_table(head, rows), ""]
+    if any(case.get("p10_ratio_to_baseline") for case in data["cases"]):
+        lines.append(
+            "The same ratios from each launch's 10th-percentile step (the steps other jobs "
+            "disturbed least):"
+        )
+        fast_rows = [
+            [case["case"]]
+            + [_ratio(case["p10_ratio_to_baseline"].get(label)) for label in labels[1:]]
+            for case in data["cases"]
+        ]
+        lines += ["", *_table(["case", *(f"{x} / native" for x in labels[1:])], fast_rows), ""]
     errors = [
         f"- {case['case']}: {e.splitlines()[0]}" for case in data["cases"] for e in case["errors"]
     ]

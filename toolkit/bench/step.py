@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 from toolkit.bench import stats
@@ -59,6 +60,9 @@ class CaseResult:
     variants: list[str]
     step_ms: dict[str, list[float]] = field(default_factory=dict)
     """Per variant, the median ms per step of each repetition (NaN for a failed launch)."""
+    fast_ms: dict[str, list[float]] = field(default_factory=dict)
+    """Per variant, the 10th percentile ms per step of each repetition: the steps other jobs
+    disturbed least, a steadier figure than the median when the machine is loaded."""
     loader_ms: list[float] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
@@ -67,8 +71,9 @@ class CaseResult:
     def baseline(self) -> str:
         return self.variants[0]
 
-    def ratio(self, label: str) -> stats.Spread:
-        return stats.spread(stats.ratios(self.step_ms[label], self.step_ms[self.baseline]))
+    def ratio(self, label: str, figures: dict[str, list[float]] | None = None) -> stats.Spread:
+        figures = self.step_ms if figures is None else figures
+        return stats.spread(stats.ratios(figures[label], figures[self.baseline]))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -77,6 +82,10 @@ class CaseResult:
             "baseline": self.baseline,
             "step_ms": self.step_ms,
             "median_ms": {label: stats.median(ms) for label, ms in self.step_ms.items()},
+            "p10_ms": self.fast_ms,
+            "p10_ratio_to_baseline": {
+                label: self.ratio(label, self.fast_ms).to_json() for label in self.variants[1:]
+            },
             "ratio_to_baseline": {
                 label: self.ratio(label).to_json() for label in self.variants[1:]
             },
@@ -178,11 +187,14 @@ class StepBench:
         native = native_for(case_spec(self.user, case))
         result = CaseResult(case.name, case.spec, [v.label for v in variants])
         result.step_ms = {v.label: [] for v in variants}
+        result.fast_ms = {v.label: [] for v in variants}
         for rep in range(reps):
             shift = rep % len(variants)
             for variant in variants[shift:] + variants[:shift]:
-                ms, record = self._launch(case, native, variant, rep)
-                result.step_ms[variant.label].append(ms)
+                record = self._launch(case, native, variant, rep)
+                seconds = record.get("step_s") or [float("nan")]
+                result.step_ms[variant.label].append(stats.median(seconds) * 1e3)
+                result.fast_ms[variant.label].append(float(np.percentile(seconds, 10)) * 1e3)
                 if "error" in record:
                     result.errors.append(f"rep {rep} {variant.label}: {record['error']}")
                     continue
@@ -191,9 +203,7 @@ class StepBench:
                 result.settings.setdefault(variant.label, record.get("settings", {}))
         return result
 
-    def _launch(
-        self, case: StepCase, native: Native, variant: Variant, rep: int
-    ) -> tuple[float, dict[str, Any]]:
+    def _launch(self, case: StepCase, native: Native, variant: Variant, rep: int) -> dict[str, Any]:
         self.launches += 1
         directory = self.work / f"launch{self.launches:03d}"
         directory.mkdir(parents=True)
@@ -216,11 +226,11 @@ class StepBench:
         if not outcome.ok or not out.exists():
             reason = outcome.report() if not outcome.ok else "no timings written"
             self.log(f"  {case.name} rep {rep} {variant.label}: FAILED {reason.splitlines()[0]}")
-            return float("nan"), {"error": reason}
+            return {"error": reason}
         record: dict[str, Any] = json.loads(out.read_text())
         ms = stats.median(record["step_s"]) * 1e3
         self.log(f"  {case.name} rep {rep} {variant.label}: {ms:.1f} ms/step")
-        return ms, record
+        return record
 
     def _run_plan(self, spec: TrainSpec, command: list[str]) -> LaunchResult:
         plan = launch_plan(spec, command, machine_context())

@@ -6,6 +6,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 
 def _fmt(value: float, spec: str) -> str:
     return "-" if not math.isfinite(value) else format(value, spec)
@@ -15,7 +17,7 @@ def table(data: dict[str, Any]) -> str:
     """One line per case and variant: median ms, ratio to the baseline with its spread."""
     lines = [
         f"{'case':32} {'variant':26} {'ms/step':>8} {'/ baseline':>10} "
-        f"{'95% CI (bootstrap)':>20} {'min..max':>14}"
+        f"{'95% CI (bootstrap)':>20} {'min..max':>14} {'p10 ms':>8} {'p10 ratio':>10}"
     ]
     for case in data["cases"]:
         baseline = case["baseline"]
@@ -28,7 +30,13 @@ def table(data: dict[str, Any]) -> str:
                 span = f"{_fmt(ratio['low'], '.3f')}..{_fmt(ratio['high'], '.3f')}"
                 cells = f"{_fmt(ratio['median'], '.3f'):>10} {ci:>20} {span:>14}"
             name = case["case"] if label == baseline else ""
-            lines.append(f"{name:32} {label:26} {_fmt(ms, '.1f'):>8} {cells}")
+            fast = case.get("p10_ms", {}).get(label, [])
+            fast_ratio = case.get("p10_ratio_to_baseline", {}).get(label)
+            p10 = _fmt(float(np.median(fast)) if fast else math.nan, ".1f")
+            p10_ratio = _fmt(fast_ratio["median"], ".3f") if fast_ratio else ""
+            lines.append(
+                f"{name:32} {label:26} {_fmt(ms, '.1f'):>8} {cells} {p10:>8} {p10_ratio:>10}"
+            )
         over = case.get("toolkit_over_defaults")
         if over:
             ci = f"[{_fmt(over['ci_low'], '.3f')}, {_fmt(over['ci_high'], '.3f')}]"

@@ -68,7 +68,7 @@ def register(subparsers: Any) -> None:
     add_spec(step)
     step.add_argument("--all", action="store_true", help="every engine on the same model")
     step.add_argument("--reps", type=_positive, default=3, help="repetitions (default 3)")
-    step.add_argument("--steps", type=_positive, default=40, help="timed steps per launch")
+    step.add_argument("--steps", type=_positive, default=60, help="timed steps per launch")
     step.add_argument("--warmup", type=_positive, default=5, help="untimed steps per launch")
     step.add_argument(
         "--vs-defaults",
