@@ -141,7 +141,13 @@ def _step_data() -> dict:
                 "case": "ddp/torchrun",
                 "baseline": "native",
                 "median_ms": {"native": 60.0, "toolkit": 61.0, "native-again": 60.5},
+                "ms": {
+                    figure: {"native": [60.0], "toolkit": [61.0], "native-again": [60.5]}
+                    for figure in ("median", "p10", "cpu")
+                },
                 "ratio_to_baseline": {"toolkit": spread, "native-again": spread},
+                "p10_ratio_to_baseline": {"toolkit": spread, "native-again": spread},
+                "cpu_ratio_to_baseline": {"toolkit": spread, "native-again": spread},
                 "toolkit_over_defaults": None,
                 "errors": [],
             }

@@ -68,17 +68,25 @@ def step_section(data: dict[str, Any], title: str, png: str) -> list[str]:
         "interval of that median] (min..max); `native-again / native` is the A/A noise floor."
     )
     lines += ["", *_table(head, rows), ""]
-    if any(case.get("p10_ratio_to_baseline") for case in data["cases"]):
-        lines.append(
-            "The same ratios from each launch's 10th-percentile step (the steps other jobs "
-            "disturbed least):"
-        )
-        fast_rows = [
-            [case["case"]]
-            + [_ratio(case["p10_ratio_to_baseline"].get(label)) for label in labels[1:]]
+    for key, words in (
+        (
+            "p10_ratio_to_baseline",
+            "each launch's 10th-percentile step (the steps other jobs disturbed least)",
+        ),
+        (
+            "cpu_ratio_to_baseline",
+            "each launch's median CPU time per step (all the process's "
+            "threads; blind to waiting for a core and to sleeping on a peer)",
+        ),
+    ):
+        if not any(case.get(key) for case in data["cases"]):
+            continue
+        lines.append(f"The same ratios from {words}:")
+        rows = [
+            [case["case"], *(_ratio(case[key].get(label)) for label in labels[1:])]
             for case in data["cases"]
         ]
-        lines += ["", *_table(["case", *(f"{x} / native" for x in labels[1:])], fast_rows), ""]
+        lines += ["", *_table(["case", *(f"{x} / native" for x in labels[1:])], rows), ""]
     errors = [
         f"- {case['case']}: {e.splitlines()[0]}" for case in data["cases"] for e in case["errors"]
     ]

@@ -53,49 +53,62 @@ class Variant:
     setting of the toolkit's, to compare settings side by side."""
 
 
+def _p10(values: list[float]) -> float:
+    return float(np.percentile(values, 10))
+
+
+FIGURES: dict[str, tuple[str, Callable[[list[float]], float]]] = {
+    "median": ("step_s", stats.median),
+    "p10": ("step_s", _p10),
+    "cpu": ("cpu_s", stats.median),
+}
+"""A launch's figures, in ms per step: the median wall time (the headline), the 10th
+percentile (the steps other jobs disturbed least, steadier on a loaded machine) and the median
+CPU time of the process (blind to waiting for a core, and to sleeping on a peer)."""
+
+
 @dataclass
 class CaseResult:
     name: str
     spec: dict[str, Any]
     variants: list[str]
-    step_ms: dict[str, list[float]] = field(default_factory=dict)
-    """Per variant, the median ms per step of each repetition (NaN for a failed launch)."""
-    fast_ms: dict[str, list[float]] = field(default_factory=dict)
-    """Per variant, the 10th percentile ms per step of each repetition: the steps other jobs
-    disturbed least, a steadier figure than the median when the machine is loaded."""
+    figures: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    """figure -> variant -> that figure of each repetition's launch (NaN when it failed)."""
     loader_ms: list[float] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.figures = {name: {label: [] for label in self.variants} for name in FIGURES}
 
     @property
     def baseline(self) -> str:
         return self.variants[0]
 
-    def ratio(self, label: str, figures: dict[str, list[float]] | None = None) -> stats.Spread:
-        figures = self.step_ms if figures is None else figures
-        return stats.spread(stats.ratios(figures[label], figures[self.baseline]))
+    def add(self, label: str, record: dict[str, Any]) -> None:
+        for name, (key, figure) in FIGURES.items():
+            values = record.get(key) or []
+            self.figures[name][label].append(figure(values) * 1e3 if values else float("nan"))
+
+    def ratios(self, figure: str, over: str | None = None) -> dict[str, stats.Spread]:
+        ms = self.figures[figure]
+        base = ms[over or self.baseline]
+        return {label: stats.spread(stats.ratios(ms[label], base)) for label in self.variants[1:]}
 
     def to_json(self) -> dict[str, Any]:
+        defaults = None
+        if "defaults" in self.variants:
+            defaults = self.ratios("median", over="defaults")["toolkit"].to_json()
         return {
             "case": self.name,
             "spec": self.spec,
             "baseline": self.baseline,
-            "step_ms": self.step_ms,
-            "median_ms": {label: stats.median(ms) for label, ms in self.step_ms.items()},
-            "p10_ms": self.fast_ms,
-            "p10_ratio_to_baseline": {
-                label: self.ratio(label, self.fast_ms).to_json() for label in self.variants[1:]
-            },
-            "ratio_to_baseline": {
-                label: self.ratio(label).to_json() for label in self.variants[1:]
-            },
-            "toolkit_over_defaults": (
-                stats.spread(
-                    stats.ratios(self.step_ms["toolkit"], self.step_ms["defaults"])
-                ).to_json()
-                if "defaults" in self.step_ms
-                else None
-            ),
+            "ms": self.figures,
+            "median_ms": {label: stats.median(ms) for label, ms in self.figures["median"].items()},
+            "ratio_to_baseline": {k: v.to_json() for k, v in self.ratios("median").items()},
+            "p10_ratio_to_baseline": {k: v.to_json() for k, v in self.ratios("p10").items()},
+            "cpu_ratio_to_baseline": {k: v.to_json() for k, v in self.ratios("cpu").items()},
+            "toolkit_over_defaults": defaults,
             "toolkit_loader_ms": stats.median(self.loader_ms),
             "settings": self.settings,
             "errors": self.errors,
@@ -186,15 +199,11 @@ class StepBench:
     def run_case(self, case: StepCase, variants: list[Variant], reps: int) -> CaseResult:
         native = native_for(case_spec(self.user, case))
         result = CaseResult(case.name, case.spec, [v.label for v in variants])
-        result.step_ms = {v.label: [] for v in variants}
-        result.fast_ms = {v.label: [] for v in variants}
         for rep in range(reps):
             shift = rep % len(variants)
             for variant in variants[shift:] + variants[:shift]:
                 record = self._launch(case, native, variant, rep)
-                seconds = record.get("step_s") or [float("nan")]
-                result.step_ms[variant.label].append(stats.median(seconds) * 1e3)
-                result.fast_ms[variant.label].append(float(np.percentile(seconds, 10)) * 1e3)
+                result.add(variant.label, record)
                 if "error" in record:
                     result.errors.append(f"rep {rep} {variant.label}: {record['error']}")
                     continue

@@ -18,6 +18,7 @@ def table(data: dict[str, Any]) -> str:
     lines = [
         f"{'case':32} {'variant':26} {'ms/step':>8} {'/ baseline':>10} "
         f"{'95% CI (bootstrap)':>20} {'min..max':>14} {'p10 ms':>8} {'p10 ratio':>10}"
+        f" {'cpu ratio':>10}"
     ]
     for case in data["cases"]:
         baseline = case["baseline"]
@@ -30,12 +31,15 @@ def table(data: dict[str, Any]) -> str:
                 span = f"{_fmt(ratio['low'], '.3f')}..{_fmt(ratio['high'], '.3f')}"
                 cells = f"{_fmt(ratio['median'], '.3f'):>10} {ci:>20} {span:>14}"
             name = case["case"] if label == baseline else ""
-            fast = case.get("p10_ms", {}).get(label, [])
-            fast_ratio = case.get("p10_ratio_to_baseline", {}).get(label)
-            p10 = _fmt(float(np.median(fast)) if fast else math.nan, ".1f")
+            fast = case["ms"]["p10"][label]
+            fast_ratio = case["p10_ratio_to_baseline"].get(label)
+            cpu_ratio = case["cpu_ratio_to_baseline"].get(label)
+            p10 = _fmt(float(np.nanmedian(fast)) if fast else math.nan, ".1f")
             p10_ratio = _fmt(fast_ratio["median"], ".3f") if fast_ratio else ""
+            cpu = _fmt(cpu_ratio["median"], ".3f") if cpu_ratio else ""
             lines.append(
                 f"{name:32} {label:26} {_fmt(ms, '.1f'):>8} {cells} {p10:>8} {p10_ratio:>10}"
+                f" {cpu:>10}"
             )
         over = case.get("toolkit_over_defaults")
         if over:

@@ -7,12 +7,14 @@ which puts this directory first on sys.path; that is how they import this module
 
 Timing: each step is timed alone (perf_counter around the step function), after `--warmup`
 untimed steps, with the step's batch already in memory; fetching data is not part of a step.
-Rank 0 writes {"step_s": [...], "loss": ..., "world": ..., "settings": {...}} to `--out`.
+Rank 0 writes {"step_s": [...], "cpu_s": [...], "loss": ..., "world": ..., "settings": {...}}
+to `--out` (wall and CPU seconds per timed step; see `Clock`).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import time
@@ -72,34 +74,50 @@ def batches(args: argparse.Namespace, rank: int) -> list[tuple[np.ndarray, np.nd
     ]
 
 
+class Clock:
+    """Per-step wall seconds and this process's CPU seconds (all its threads: the engine's
+    communication threads too). On a machine other jobs share, wall time also counts the time
+    the process waited for a core; CPU time does not, but misses time spent asleep waiting for
+    a peer or for Horovod's next cycle. The bench reports both."""
+
+    def __init__(self) -> None:
+        self.wall: list[float] = []
+        self.cpu: list[float] = []
+
+    def time(self, step: Callable[[], Any], *, keep: bool) -> Any:
+        wall, cpu = time.perf_counter(), time.process_time()
+        result = step()
+        if keep:
+            self.cpu.append(time.process_time() - cpu)
+            self.wall.append(time.perf_counter() - wall)
+        return result
+
+
 def time_steps(
     step: Callable[[Any], Any], inputs: Sequence[Any], args: argparse.Namespace
-) -> tuple[list[float], float]:
-    """Run warmup + timed steps cycling over `inputs`; per-step seconds and the last loss."""
-    seconds: list[float] = []
+) -> tuple[Clock, float]:
+    """Run warmup + timed steps cycling over `inputs`; the clock and the last loss."""
+    clock = Clock()
     loss: Any = None
     for index in range(args.warmup + args.steps):
         batch = inputs[index % len(inputs)]
-        start = time.perf_counter()
-        loss = step(batch)
-        elapsed = time.perf_counter() - start
-        if index >= args.warmup:
-            seconds.append(elapsed)
-    return seconds, float(loss)
+        loss = clock.time(functools.partial(step, batch), keep=index >= args.warmup)
+    return clock, float(loss)
 
 
 def write(
     args: argparse.Namespace,
     rank: int,
     world: int,
-    seconds: list[float],
+    clock: Clock,
     loss: float,
     **settings: Any,
 ) -> None:
     if rank != 0:
         return
     record = {
-        "step_s": seconds,
+        "step_s": clock.wall,
+        "cpu_s": clock.cpu,
         "loss": loss,
         "world": world,
         "pid": os.getpid(),

@@ -87,8 +87,8 @@ def main() -> None:
         return list(zip(x.split(args.micro), y.split(args.micro), strict=True))
 
     steps = [micro_batches(*batch) for batch in _bench.batches(args, rank)]
-    seconds, loss = _bench.time_steps(step, steps, args)
-    _bench.write(args, rank, world, seconds, loss, engine="deepspeed", config=config)
+    clock, loss = _bench.time_steps(step, steps, args)
+    _bench.write(args, rank, world, clock, loss, engine="deepspeed", config=config)
     deepspeed.comm.destroy_process_group()
 
 

@@ -73,8 +73,8 @@ def main() -> None:
         return run(*batch)
 
     inputs = data if args.host_copy else [tuple(tf.constant(a) for a in b) for b in data]
-    seconds, loss = _bench.time_steps(step, inputs, args)
-    _bench.write(args, rank, world, seconds, loss, engine="horovod-tf")
+    clock, loss = _bench.time_steps(step, inputs, args)
+    _bench.write(args, rank, world, clock, loss, engine="horovod-tf")
     hvd.shutdown()
 
 

@@ -39,8 +39,8 @@ def main() -> None:
 
     data = _bench.batches(args, rank)
     inputs = data if args.host_copy else [tuple(torch.from_numpy(a) for a in b) for b in data]
-    seconds, loss = _bench.time_steps(step, inputs, args)
-    _bench.write(args, rank, world, seconds, loss, engine="horovod-torch")
+    clock, loss = _bench.time_steps(step, inputs, args)
+    _bench.write(args, rank, world, clock, loss, engine="horovod-torch")
     hvd.shutdown()
 
 

@@ -74,8 +74,8 @@ def main() -> None:
         return train_step(*batch)
 
     inputs = data if args.host_copy else [tuple(tf.constant(a) for a in b) for b in data]
-    seconds, loss = _bench.time_steps(step, inputs, args)
-    _bench.write(args, rank, world, seconds, loss, engine="tf-mwms")
+    clock, loss = _bench.time_steps(step, inputs, args)
+    _bench.write(args, rank, world, clock, loss, engine="tf-mwms")
 
 
 if __name__ == "__main__":

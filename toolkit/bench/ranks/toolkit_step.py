@@ -10,6 +10,7 @@ one of `toolkit.bench.patches` first (a candidate fix, measured before anyone ch
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
@@ -67,24 +68,24 @@ def main() -> int:
     y = rng.integers(0, dims[-1], samples, dtype=np.int64)
     loader = run.loader((x, y))
     total = args.warmup + args.steps
-    step_s: list[float] = []
+    clock = _bench.Clock()
     loader_s: list[float] = []
     loss = float("nan")
     steps = run.steps(loader, epochs=math.ceil(total / len(loader)), desc="bench")
     fetched = time.perf_counter()
     for index, micro_batches in enumerate(steps):
-        start = time.perf_counter()
-        loss = run.train_step(micro_batches, loss_fn)
-        elapsed = time.perf_counter() - start
-        if index >= args.warmup:
-            step_s.append(elapsed)
-            loader_s.append(start - fetched)
+        timed = index >= args.warmup
+        if timed:
+            loader_s.append(time.perf_counter() - fetched)
+        step = functools.partial(run.train_step, micro_batches, loss_fn)
+        loss = clock.time(step, keep=timed)
         if index + 1 == total:
             break
         fetched = time.perf_counter()
     if run.is_main:
         record = {
-            "step_s": step_s,
+            "step_s": clock.wall,
+            "cpu_s": clock.cpu,
             "loader_s": loader_s,
             "loss": loss,
             "world": run.world_size,
