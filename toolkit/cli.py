@@ -35,6 +35,8 @@ COMMANDS = {
     "launch": "start a job under the spec's launcher (or --dry-run to see it)",
     "parity": "prove every engine trains the same model to the same weights",
     "checkpoint": "inspect a checkpoint, or export its weights for inference",
+    "bench": "measure the toolkit's step and collectives against the native engines",
+    "plan": "per-rank memory, communication and pipeline bubble for every engine",
 }
 USER_ERROR_EXIT = 2
 BUG_EXIT = 70

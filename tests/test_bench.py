@@ -1,0 +1,224 @@
+"""The benchmarks' pure parts: statistics, the cases and their specs, the bare launch commands,
+the reports (JSON -> table, PNG, BENCHMARKS.md) and the CLI's refusals. No process starts."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from toolkit import engines
+from toolkit.bench import allreduce, allreduce_report, cases, markdown, stats, step_report
+from toolkit.bench.bare import BARE, bare_launch
+from toolkit.bench.memory import mlp_facts
+from toolkit.bench.step import case_spec, parse_setting, variants_for
+from toolkit.bench.workload import Workload
+from toolkit.cli import main
+from toolkit.errors import ToolkitError
+from toolkit.spec import TrainSpec
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def test_spread_and_ratios() -> None:
+    found = stats.spread([1.0, 1.1, 0.9, float("nan")])
+    assert found.n == 3 and found.median == pytest.approx(1.0)
+    assert found.low == 0.9 and found.high == 1.1
+    assert found.low <= found.ci_low <= found.median <= found.ci_high <= found.high
+    assert stats.spread([]).n == 0
+    assert stats.ratios([2.0, 3.0], [1.0, float("nan")])[0] == 2.0
+    assert math.isnan(stats.ratios([2.0, 3.0], [1.0, float("nan")])[1])
+
+
+def test_alpha_beta_fit_recovers_a_model() -> None:
+    sizes = np.array([4096.0 * 4**k for k in range(8)])
+    seconds = 50e-6 + sizes / 2e9
+    alpha, beta = stats.fit_alpha_beta(sizes, seconds)
+    assert alpha == pytest.approx(50e-6, rel=1e-6) and beta == pytest.approx(2e9, rel=1e-6)
+
+
+def test_every_case_has_a_native_script_and_a_bare_launcher() -> None:
+    for case in cases.CASES:
+        spec = case_spec(TrainSpec(), case)
+        native = cases.native_for(spec)
+        assert native.path.is_file(), native.path
+        assert spec.launcher in BARE
+        assert engines.launcher_refusal(spec.backend, spec.framework_name, spec.launcher) is None
+
+
+def test_case_spec_pins_the_workload_over_the_users_spec() -> None:
+    user = TrainSpec.from_dict(
+        {"optimizer": {"name": "adamw"}, "precision": "bf16", "batch": {"accumulation": 4}}
+    )
+    spec = case_spec(user, cases.CASES[0])
+    batch = spec.batch_for()
+    assert (batch.global_, batch.micro, batch.accumulation) == (128, 64, 1)
+    assert spec.optimizer.name == "sgd" and spec.optimizer.momentum == 0.9
+    assert spec.precision == "fp32" and spec.launch.threads_per_rank == 1
+    pipeline = next(c for c in cases.CASES if c.name.startswith("pipeline"))
+    batch = case_spec(user, pipeline).batch_for()
+    assert (batch.global_, batch.micro, batch.accumulation) == (128, 32, 4)
+
+
+def test_workload_counts_the_issues_mlp() -> None:
+    assert Workload().parameters == 6_301_194
+    assert mlp_facts((512, 2048, 2048, 512, 10)).parameters == 6_301_194
+
+
+def test_variants_put_native_first_and_add_what_is_asked() -> None:
+    labels = [
+        v.label
+        for v in variants_for(vs_defaults=True, patches=["local-loss"], candidates=["--host-copy"])
+    ]
+    assert labels == [
+        "native",
+        "toolkit",
+        "native-again",
+        "defaults",
+        "toolkit+local-loss",
+        "native+host-copy",
+    ]
+
+
+def test_settings_become_native_variants_with_their_spec() -> None:
+    (variant,) = variants_for(
+        vs_defaults=False, patches=[], candidates=[], settings=["horovod.cycle_time_ms=0.1"]
+    )[3:]
+    assert variant.label == "native@horovod.cycle_time_ms=0.1"
+    assert variant.setting == {"horovod": {"cycle_time_ms": 0.1}}
+    case = next(c for c in cases.CASES if c.name.startswith("horovod-torch-gloo"))
+    assert case_spec(TrainSpec(), case, variant.setting).horovod.cycle_time_ms == 0.1
+    with pytest.raises(ToolkitError, match="PATH=VALUE"):
+        parse_setting("horovod.cycle_time_ms")
+
+
+def test_deepspeed_native_gets_the_toolkits_config(tmp_path: Path) -> None:
+    zero2 = next(c for c in cases.CASES if c.name.startswith("zero2"))
+    spec = case_spec(TrainSpec(), zero2)
+    native = cases.native_for(spec)
+    args = native.matched(spec, tmp_path)
+    config = json.loads(Path(args[args.index("--ds-config") + 1]).read_text())
+    assert config["zero_optimization"]["stage"] == 2 and config["gradient_clipping"] == 0.0
+    assert native.defaults(spec, tmp_path) == ["--zero-stage", "2", "--pipeline-stages", "1"]
+
+
+def test_bare_commands_carry_none_of_the_toolkits_settings() -> None:
+    for case in cases.CASES:
+        spec = case_spec(TrainSpec(), case)
+        launch = bare_launch(spec, "/x/script.py", ["--out", "o.json"])
+        words = launch.argv or launch.program
+        assert "--fusion-threshold-mb" not in words and "--bind-to" not in words
+        assert "--cycle-time-ms" not in words
+        for env in launch.rank_envs:
+            assert "OMP_NUM_THREADS" not in env and "TF_CONFIG" in env
+
+
+def test_default_sweep_is_4k_to_64m() -> None:
+    assert allreduce.DEFAULT_SIZES[0] == 4096 and allreduce.DEFAULT_SIZES[-1] == 64 << 20
+    assert allreduce.FULL_SIZES[-1] == 256 << 20
+    assert allreduce.bus_factor(2) == 1.0 and allreduce.bus_factor(8) == 1.75
+
+
+def _step_data() -> dict:
+    spread = stats.spread([1.01, 1.02]).to_json()
+    return {
+        "kind": "step",
+        "command": "toolkit bench step --spec s.yaml",
+        "machine": {
+            "date": "2026-01-01T00:00:00",
+            "cpus": 2,
+            "load_average_start": [1, 1, 1],
+            "load_average_end": [2, 2, 2],
+        },
+        "reps": 2,
+        "steps": 3,
+        "warmup": 1,
+        "cases": [
+            {
+                "case": "ddp/torchrun",
+                "baseline": "native",
+                "median_ms": {"native": 60.0, "toolkit": 61.0, "native-again": 60.5},
+                "ms": {
+                    figure: {"native": [60.0], "toolkit": [61.0], "native-again": [60.5]}
+                    for figure in ("median", "p10", "cpu")
+                },
+                "ratio_to_baseline": {"toolkit": spread, "native-again": spread},
+                "p10_ratio_to_baseline": {"toolkit": spread, "native-again": spread},
+                "cpu_ratio_to_baseline": {"toolkit": spread, "native-again": spread},
+                "toolkit_over_defaults": None,
+                "errors": [],
+            }
+        ],
+    }
+
+
+def _allreduce_data() -> dict:
+    sizes = [4096, 8192]
+    series = [
+        allreduce.series_record(
+            "torch.distributed gloo", "torch-gloo", {"4096": 1e-4, "8192": 1.5e-4}, 2
+        ),
+        allreduce.series_record(
+            "toolkit ddp (gloo)", "toolkit", {"4096": 1.1e-4, "8192": 1.6e-4}, 2
+        ),
+        allreduce.series_record("memcpy, 1 core", "memcpy", {"4096": 1e-6, "8192": 2e-6}, 2),
+    ]
+    return {
+        "kind": "allreduce",
+        "command": "toolkit bench allreduce",
+        "machine": _step_data()["machine"],
+        "ranks": 2,
+        "series": series,
+        "toolkit_over_raw_busbw": {"toolkit ddp (gloo)": {str(s): 0.9 for s in sizes}},
+        "errors": [],
+    }
+
+
+def test_reports_write_tables_pngs_and_markdown(tmp_path: Path) -> None:
+    step, sweep = _step_data(), _allreduce_data()
+    assert "ddp/torchrun" in step_report.table(step)
+    assert "toolkit ddp (gloo)" in allreduce_report.table(sweep)
+    png = step_report.plot(step, tmp_path / "step.png")
+    assert png.read_bytes()[:8] == PNG_SIGNATURE
+    png = allreduce_report.plot(sweep, tmp_path / "allreduce.png")
+    assert png.read_bytes()[:8] == PNG_SIGNATURE
+    (tmp_path / "step.json").write_text(json.dumps(step))
+    (tmp_path / "allreduce.json").write_text(json.dumps(sweep))
+    (tmp_path / "findings.md").write_text("## Findings\n\nsomething measured\n")
+    text = markdown.render(tmp_path, image_prefix="docs/bench/")
+    assert "## Findings" in text and "![Step: toolkit vs native](docs/bench/step.png)" in text
+    assert "| ddp/torchrun | 60.0 | 61.0 | 60.5 |" in text
+    assert "![allreduce](docs/bench/allreduce.png)" in text
+
+
+def test_report_command_writes_benchmarks_md(tmp_path: Path) -> None:
+    directory = tmp_path / "docs" / "bench"
+    directory.mkdir(parents=True)
+    (directory / "step.json").write_text(json.dumps(_step_data()))
+    target = tmp_path / "BENCHMARKS.md"
+    assert main(["bench", "report", "--dir", str(directory), "--to", str(target)]) == 0
+    assert "(docs/bench/step.png)" in target.read_text()
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["bench", "step", "--all", "--cases", "nothing-matches"], "--cases ['nothing-matches']"),
+        (["bench", "step", "--patch", "no-such-patch"], "--patch 'no-such-patch'"),
+        (["bench", "allreduce", "--sweeps", "nothing-matches"], "--sweeps ['nothing-matches']"),
+        (["bench", "memory", "--cases", "nothing-matches"], "--cases ['nothing-matches']"),
+    ],
+)
+def test_cli_refuses_bad_input_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], says: str
+) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("backend: ddp\n")
+    if argv[1] == "step":
+        argv = [*argv[:2], "--spec", str(spec), *argv[2:]]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("toolkit: error: " + says) and len(error.splitlines()) == 1

@@ -1,0 +1,60 @@
+"""The benchmarks run for real at tiny sizes and write well-formed JSON and PNG.
+
+Tiny: an MLP of a few hundred parameters, 2 timed steps, 1 repetition, messages of a few KiB.
+Nothing here asserts a time: only that every launch produced a finite figure and the files
+are what they claim to be.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from toolkit.cli import main
+
+pytestmark = pytest.mark.multiproc
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_step_tiny(tmp_path: Path, no_orphans: None) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("backend: ddp\n")
+    out = tmp_path / "out"
+    argv = ["bench", "step", "--spec", str(spec), "--reps", "1", "--steps", "2", "--warmup", "1"]
+    assert main([*argv, "--layers", "16,8,4", "--micro", "4", "--out", str(out)]) == 0
+    data = json.loads((out / "step.json").read_text())
+    (case,) = data["cases"]
+    assert case["errors"] == []
+    assert set(case["median_ms"]) == {"native", "toolkit", "native-again"}
+    assert all(math.isfinite(ms) and ms > 0 for ms in case["median_ms"].values())
+    assert math.isfinite(case["ratio_to_baseline"]["toolkit"]["median"])
+    assert data["workloads"][case["case"]]["layers"] == [16, 8, 4]
+    assert (out / "step.png").read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_bench_allreduce_tiny(tmp_path: Path, no_orphans: None) -> None:
+    out = tmp_path / "out"
+    argv = ["bench", "allreduce", "--sizes", "4K", "16K", "--blocks", "1", "--sweeps", "ddp"]
+    assert main([*argv, "--out", str(out)]) == 0
+    data = json.loads((out / "allreduce.json").read_text())
+    labels = {series["label"] for series in data["series"]}
+    assert {"torch.distributed gloo", "mpi4py (Open MPI)", "toolkit ddp (gloo)"} <= labels
+    for series in data["series"]:
+        assert series["sizes"] == [4096, 16384]
+        assert all(math.isfinite(bw) and bw > 0 for bw in series["busbw_gbs"]), series
+    assert set(data["toolkit_over_raw_busbw"]["toolkit ddp (gloo)"]) == {"4096", "16384"}
+    assert (out / "allreduce.png").read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_bench_memory_tiny(tmp_path: Path, no_orphans: None) -> None:
+    out = tmp_path / "out"
+    argv = ["bench", "memory", "--cases", "ddp", "--layers", "64,32,10", "--micro", "4"]
+    assert main([*argv, "--out", str(out)]) == 0
+    (case,) = json.loads((out / "memory.json").read_text())["cases"]
+    # Tensor bytes, not time: AdamW's two fp32 moments per parameter (plus its step counters).
+    assert case["optimizer_state"]["ratio"] == pytest.approx(1.0, rel=0.05)
+    assert case["resident"]["rss_delta"] > 0

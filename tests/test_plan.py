@@ -1,0 +1,200 @@
+"""`toolkit plan` against DeepSpeed's own memory estimators, its formulas, and its CLI.
+
+DeepSpeed's `estimate_zero2/3_model_states_mem_needs_all_cold` print, per offload option, the
+memory per CPU (node) and per GPU (rank) for mixed-precision Adam. They run in a subprocess
+(importing DeepSpeed picks an accelerator and may touch the environment), with
+additional_buffer_factor=1.0 so that their CPU figures are the model states themselves.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from toolkit.cli import main
+from toolkit.plan import communication as comm
+from toolkit.plan import memory as mem
+from toolkit.plan.model_facts import from_params
+from toolkit.plan.table import plan_rows, stage_split
+from toolkit.spec import TrainSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+CASES = [(10**9, 10**8, 1), (7 * 10**9, 3 * 10**8, 2), (3 * 10**10, 10**9, 4)]
+
+ESTIMATE = r"""
+import contextlib, io, json, sys
+from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs_all_cold
+from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs_all_cold
+out = {}
+for total, largest, gpus in json.loads(sys.argv[1]):
+    for name, call in (
+        ("zero2", lambda: estimate_zero2_model_states_mem_needs_all_cold(
+            total, num_gpus_per_node=gpus, additional_buffer_factor=1.0)),
+        ("zero3", lambda: estimate_zero3_model_states_mem_needs_all_cold(
+            total, largest, num_gpus_per_node=gpus, additional_buffer_factor=1.0)),
+    ):
+        text = io.StringIO()
+        with contextlib.redirect_stdout(text):
+            call()
+        out[f"{name}/{total}/{gpus}"] = text.getvalue()
+print(json.dumps(out))
+"""
+ROW = re.compile(r"^\s*([\d.]+)GB \|\s*([\d.]+)GB \| (.*)$")
+GIB = float(1 << 30)
+
+
+def _options(text: str) -> str:
+    """'offload_param=OffloadDeviceEnum.cpu , ...' -> 'offload_param=cpu, ...' (enum str varies)"""
+    return re.sub(r"\s+,", ",", text.replace("OffloadDeviceEnum.", "").strip())
+
+
+@pytest.fixture(scope="module")
+def deepspeed_estimates() -> dict[str, dict[str, tuple[float, float]]]:
+    """(estimator/total/gpus) -> options text -> (GiB per CPU, GiB per GPU)."""
+    done = subprocess.run(
+        [sys.executable, "-c", ESTIMATE, json.dumps(CASES)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    printed = json.loads(done.stdout.strip().splitlines()[-1])
+    parsed: dict[str, dict[str, tuple[float, float]]] = {}
+    for key, text in printed.items():
+        rows = [ROW.match(line) for line in text.splitlines()]
+        parsed[key] = {
+            _options(m.group(3)): (float(m.group(1)), float(m.group(2))) for m in rows if m
+        }
+    return parsed
+
+
+def _adam_bf16(ranks: int) -> TrainSpec:
+    return TrainSpec.from_dict(
+        {
+            "backend": "deepspeed",
+            "optimizer": {"name": "adamw"},
+            "precision": "bf16",
+            "batch": {"global": 8 * ranks, "micro": 8},
+            "launch": {"np": ranks},
+        }
+    )
+
+
+def _plan(total: int, largest: int, ranks: int, layout: mem.ZeroLayout) -> mem.Memory:
+    return mem.zero(
+        _adam_bf16(ranks),
+        layout,
+        parameters=total,
+        largest_layer=largest,
+        ranks=ranks,
+        activations=None,
+    )
+
+
+def _close(ours_bytes: float, theirs_gib: float) -> bool:
+    # Their figures are printed in GiB with 2 decimals: allow 5% or half a printed digit.
+    ours = ours_bytes / GIB
+    return abs(ours - theirs_gib) <= max(0.05 * theirs_gib, 0.005)
+
+
+@pytest.mark.parametrize(("total", "largest", "gpus"), CASES)
+def test_zero2_agrees_with_deepspeed(deepspeed_estimates, total, largest, gpus) -> None:
+    printed = deepspeed_estimates[f"zero2/{total}/{gpus}"]
+    for offload, options in ((False, "offload_optimizer=none"), (True, "offload_optimizer=cpu")):
+        cpu, gpu = printed[options]
+        ours = _plan(total, largest, gpus, mem.ZeroLayout(stage=2, offload_optimizer=offload))
+        assert _close(ours.device_model_states, gpu), (options, ours.device_model_states, gpu)
+        if offload:  # their CPU figure is per node: every rank's host share together
+            assert _close(ours.host_model_states * gpus, cpu), (options, cpu)
+
+
+@pytest.mark.parametrize(("total", "largest", "gpus"), CASES)
+def test_zero3_agrees_with_deepspeed(deepspeed_estimates, total, largest, gpus) -> None:
+    printed = deepspeed_estimates[f"zero3/{total}/{gpus}"]
+    layouts = {
+        "offload_param=none, offload_optimizer=none, zero_init=1": mem.ZeroLayout(stage=3),
+        "offload_param=none, offload_optimizer=cpu, zero_init=1": mem.ZeroLayout(
+            stage=3, offload_optimizer=True
+        ),
+        "offload_param=cpu, offload_optimizer=cpu, zero_init=1": mem.ZeroLayout(
+            stage=3, offload_optimizer=True, offload_params=True
+        ),
+    }
+    for options, layout in layouts.items():
+        cpu, gpu = printed[options]
+        ours = _plan(total, largest, gpus, layout)
+        assert _close(ours.device_model_states, gpu), (options, ours.device_model_states, gpu)
+        if layout.offload_optimizer:
+            assert _close(ours.host_model_states * gpus, cpu), (options, cpu)
+
+
+def test_optimizer_states_follow_the_spec() -> None:
+    def states(optimizer: dict) -> float:
+        spec = TrainSpec.from_dict({"optimizer": optimizer, "launch": {"np": 4}})
+        rows = plan_rows(spec, from_params(1000), 4)
+        return next(r for r in rows if r.name == "deepspeed zero-1").memory.device["optimizer"]
+
+    assert states({"name": "adam"}) == 8 * 1000 / 4
+    assert states({"name": "sgd", "momentum": 0.9}) == 4 * 1000 / 4
+    assert states({"name": "sgd"}) == 0
+
+
+def test_communication_and_bubble_formulas() -> None:
+    assert comm.allreduce_bytes(1000, 4, 4.0) == 2 * 3 / 4 * 1000 * 4
+    assert comm.allreduce_bytes(1000, 1, 4.0) == 0
+    spec = TrainSpec()
+    # ZeRO-3 moves 1.5x what an allreduce does (one more all-gather of the weights).
+    assert comm.zero_bytes(
+        spec, stage=3, parameters=1000, ranks=4, micro_batches=1
+    ) == pytest.approx(1.5 * comm.allreduce_bytes(1000, 4, 4.0))
+    assert comm.bubble(2, 4) == pytest.approx(1 / 5)
+    assert comm.bubble(4, 8) == pytest.approx(3 / 11)
+
+
+def test_pipeline_split_balances_parameters() -> None:
+    assert stage_split((10, 0, 10, 0, 10, 0, 10), 2) == [2]
+    assert stage_split((1, 1, 1, 1), 4) == [0, 1, 2]
+
+
+def test_plan_cli_table_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "backend: deepspeed\npipeline: {stages: 2}\nbatch: {global: 8, micro: 2}\nlaunch: {np: 2}\n"
+    )
+    module = tmp_path / "tiny_model.py"
+    module.write_text(
+        "import torch\n"
+        "def build():\n"
+        "    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),"
+        " torch.nn.Linear(16, 4))\n"
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        assert main(["plan", "--spec", str(spec), "--model", "tiny_model:build"]) == 0
+        table = capsys.readouterr().out
+        assert "deepspeed zero-3" in table and "pipeline p=2 m=4" in table
+        out = tmp_path / "plan.json"
+        assert (
+            main(["plan", "--spec", str(spec), "--params", "1000", "--json", "-o", str(out)]) == 0
+        )
+    finally:
+        sys.path.remove(str(tmp_path))
+    data = json.loads(out.read_text())
+    assert data["model"]["parameters"] == 1000
+    pipeline = next(row for row in data["rows"] if row["name"].startswith("deepspeed pipeline"))
+    assert pipeline["bubble"] == pytest.approx(1 / 5)
+
+
+def test_plan_cli_bad_model_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("backend: ddp\n")
+    assert main(["plan", "--spec", str(spec), "--model", "no_such_module_here:build"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("toolkit: error: --model='no_such_module_here:build'")
+    assert len(error.splitlines()) == 1

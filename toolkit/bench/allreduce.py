@@ -1,0 +1,161 @@
+"""`toolkit bench allreduce`: allreduce bus bandwidth by message size, through the toolkit's
+`run.allreduce` and through each raw path, with single-core memcpy as the physical limit.
+
+Each sweep is one launch of 2 ranks through a real launcher: the toolkit starts its engine
+(`toolkit.init`), and the same processes then time, size by size and interleaved, the
+toolkit's `run.allreduce` and the engine's own call (and any other raw path that launcher
+gives, e.g. mpi4py under mpirun). So toolkit/raw is a ratio taken side by side in the same
+processes, and the raw paths of different sweeps are compared through their bandwidths.
+
+Bandwidth follows nccl-tests: algbw = bytes / time, busbw = algbw × 2(n-1)/n for allreduce
+(the fraction of the buffer each rank sends and receives in a ring); for 2 ranks busbw = algbw.
+memcpy's bandwidth is bytes / time of one core copying the buffer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from toolkit.bench import stats
+from toolkit.launch.runner import execute, machine_context
+from toolkit.launch.supervisor import free_port
+from toolkit.parity.cases import merge
+from toolkit.render.launchers import launch_plan
+from toolkit.spec import TrainSpec
+
+RANK_PROGRAM = str(Path(__file__).parent / "ranks" / "toolkit_allreduce.py")
+KIB, MIB = 1 << 10, 1 << 20
+DEFAULT_SIZES = tuple(4 * KIB * 4**k for k in range(8))  # 4 KiB .. 64 MiB
+FULL_SIZES = tuple(4 * KIB * 4**k for k in range(9))  # 4 KiB .. 256 MiB
+SWEEP_TIMEOUT_S = 900
+
+
+@dataclass(frozen=True)
+class Sweep:
+    name: str
+    spec: dict[str, Any]
+    series: dict[str, str]
+    """raw_paths name -> the label of its series ("toolkit" is the toolkit's run.allreduce)."""
+    reference: str
+    """The raw path the toolkit's allreduce goes through here (its ratio's denominator)."""
+
+
+SWEEPS: tuple[Sweep, ...] = (
+    Sweep(
+        "ddp/mpirun",
+        {"backend": "ddp", "launch": {"launcher": "mpirun"}},
+        {
+            "torch-gloo": "torch.distributed gloo",
+            "mpi4py": "mpi4py (Open MPI)",
+            "toolkit": "toolkit ddp (gloo)",
+        },
+        reference="torch-gloo",
+    ),
+    Sweep(
+        "horovod-mpi/horovodrun",
+        {
+            "backend": "horovod",
+            "horovod": {"controller": "mpi"},
+            "launch": {"launcher": "horovodrun"},
+        },
+        {"horovod-torch": "Horovod MPI", "toolkit": "toolkit horovod (MPI)"},
+        reference="horovod-torch",
+    ),
+    Sweep(
+        "horovod-gloo/horovodrun",
+        {
+            "backend": "horovod",
+            "horovod": {"controller": "gloo"},
+            "launch": {"launcher": "horovodrun"},
+        },
+        {"horovod-torch": "Horovod Gloo", "toolkit": "toolkit horovod (Gloo)"},
+        reference="horovod-torch",
+    ),
+    Sweep(
+        "tf/local",
+        {"backend": "tf", "launch": {"launcher": "local"}},
+        {"tf-collective": "TF collective (ring)", "toolkit": "toolkit tf (ring)"},
+        reference="tf-collective",
+    ),
+)
+
+
+def sweep_spec(sweep: Sweep, ranks: int) -> TrainSpec:
+    data = merge(
+        TrainSpec().to_dict(),
+        sweep.spec,
+        {
+            "launch": {"np": ranks, "threads_per_rank": 1, "master_port": free_port()},
+            "tf": {"port": free_port()},
+        },
+    )
+    return TrainSpec.from_dict(data)
+
+
+def bus_factor(ranks: int) -> float:
+    return 2.0 * (ranks - 1) / ranks
+
+
+def series_record(label: str, path: str, seconds: dict[str, float], ranks: int) -> dict[str, Any]:
+    sizes = sorted(int(size) for size in seconds)
+    times = [seconds[str(size)] for size in sizes]
+    factor = 1.0 if path == "memcpy" else bus_factor(ranks)
+    alpha, beta = stats.fit_alpha_beta(sizes, times)
+    return {
+        "label": label,
+        "path": path,
+        "sizes": sizes,
+        "seconds": times,
+        "busbw_gbs": [size / t * factor / 1e9 for size, t in zip(sizes, times, strict=True)],
+        "alpha_us": alpha * 1e6,
+        "beta_busbw_gbs": beta * factor / 1e9,
+    }
+
+
+def run_sweeps(
+    work: Path,
+    sizes: list[int],
+    *,
+    ranks: int = 2,
+    blocks: int = 3,
+    sweeps: tuple[Sweep, ...] = SWEEPS,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Every sweep's launch; the series by label, the toolkit/raw ratios, errors."""
+    series: list[dict[str, Any]] = []
+    ratios: dict[str, dict[str, float]] = {}
+    errors: list[str] = []
+    for index, sweep in enumerate(sweeps):
+        spec = sweep_spec(sweep, ranks)
+        directory = work / f"sweep{index}"
+        directory.mkdir(parents=True)
+        spec_file, out = directory / "spec.json", directory / "sweep.json"
+        spec_file.write_text(json.dumps(spec.to_dict()))
+        command = [RANK_PROGRAM, "--spec", str(spec_file), "--paths", ",".join(sweep.series)]
+        command += ["--sizes", ",".join(map(str, sizes)), "--blocks", str(blocks)]
+        command += ["--out", str(out)]
+        log(f"{sweep.name}: {', '.join(sweep.series.values())}")
+        result = execute(
+            launch_plan(spec, command, machine_context()),
+            spec,
+            timeout=SWEEP_TIMEOUT_S,
+            echo=False,
+        )
+        if not result.ok or not out.exists():
+            reason = result.report() if not result.ok else "no results written"
+            log(f"  FAILED: {reason.splitlines()[0]}")
+            errors.append(f"{sweep.name}: {reason}")
+            continue
+        measured = json.loads(out.read_text())["seconds"]
+        for path, label in sweep.series.items():
+            series.append(series_record(label, path, measured[path], ranks))
+        series.append(
+            series_record(f"memcpy, 1 core ({sweep.name})", "memcpy", measured["memcpy"], ranks)
+        )
+        toolkit, raw = measured["toolkit"], measured[sweep.reference]
+        ratios[sweep.series["toolkit"]] = {size: raw[size] / toolkit[size] for size in toolkit}
+    return {"series": series, "toolkit_over_raw_busbw": ratios, "errors": errors, "ranks": ranks}

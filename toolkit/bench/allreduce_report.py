@@ -1,0 +1,79 @@
+"""`toolkit bench allreduce` output: the text table, and the PNG (bus bandwidth by size, and
+toolkit/raw by size)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+
+def _size(size: int) -> str:
+    return f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
+
+
+def table(data: dict[str, Any]) -> str:
+    series = data["series"]
+    if not series:
+        return "no series measured"
+    sizes = series[0]["sizes"]
+    head = f"{'busbw GB/s':40}" + "".join(f"{_size(s):>9}" for s in sizes)
+    lines = [head + f"{'alpha us':>10}{'beta GB/s':>10}"]
+    for entry in series:
+        cells = "".join(f"{bw:9.3f}" for bw in entry["busbw_gbs"])
+        fit = f"{entry['alpha_us']:10.1f}{entry['beta_busbw_gbs']:10.3f}"
+        lines.append(f"{entry['label'][:40]:40}{cells}{fit}")
+    lines.append("")
+    lines.append(f"{'toolkit busbw / raw busbw':40}" + "".join(f"{_size(s):>9}" for s in sizes))
+    for label, ratios in data["toolkit_over_raw_busbw"].items():
+        cells = "".join(f"{ratios.get(str(s), math.nan):9.3f}" for s in sizes)
+        lines.append(f"{label[:40]:40}{cells}")
+    for error in data["errors"]:
+        lines.append(f"error: {error.splitlines()[0]}")
+    return "\n".join(lines)
+
+
+def plot(data: dict[str, Any], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (bandwidth, ratio) = plt.subplots(
+        2, 1, figsize=(9, 8), sharex=True, gridspec_kw={"height_ratios": [3, 1.4]}
+    )
+    memcpy_done = False
+    for entry in data["series"]:
+        sizes, busbw = entry["sizes"], entry["busbw_gbs"]
+        if entry["path"] == "memcpy":
+            # One memcpy line per sweep would crowd the plot: the best of them, once.
+            continue
+        style = "--" if entry["path"] == "toolkit" else "-"
+        bandwidth.plot(sizes, busbw, style, marker="o", markersize=3, label=entry["label"])
+    memcpys = [e for e in data["series"] if e["path"] == "memcpy"]
+    if memcpys:
+        best = [max(values) for values in zip(*(e["busbw_gbs"] for e in memcpys), strict=True)]
+        bandwidth.plot(memcpys[0]["sizes"], best, ":", color="black", label="memcpy, 1 core")
+        memcpy_done = True
+    bandwidth.set_xscale("log", base=2)
+    bandwidth.set_yscale("log")
+    bandwidth.set_ylabel("bus bandwidth, GB/s")
+    title = f"allreduce, {data['ranks']} ranks, {data['machine']['date'][:10]}"
+    bandwidth.set_title(title + (" (memcpy: best of the sweeps)" if memcpy_done else ""))
+    bandwidth.legend(fontsize="small", loc="upper left")
+    bandwidth.grid(True, which="both", alpha=0.3)
+    for label, ratios in data["toolkit_over_raw_busbw"].items():
+        sizes = sorted(int(size) for size in ratios)
+        ratio.plot(sizes, [ratios[str(size)] for size in sizes], marker="o", label=label)
+    ratio.axhline(1.0, color="black", linewidth=0.8)
+    ratio.set_xscale("log", base=2)
+    ratio.set_yscale("log")
+    ratio.set_ylabel("toolkit / raw busbw")
+    ratio.set_xlabel("message size, bytes")
+    ratio.legend(fontsize="small")
+    ratio.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,173 @@
+"""Which native script stands beside each engine, how it is given the toolkit's settings, and
+the cases `toolkit bench step --all` runs.
+
+The native script of an engine is keyed by (backend, framework), the engine table's key. It
+gets the toolkit's settings the way that engine normally receives them: Horovod's from the
+launcher (the same plan the toolkit's run gets), DeepSpeed's as the config file the toolkit
+renders, TensorFlow's communication and every engine's thread count as arguments. With
+`defaults`, it gets only what picks the variant (the ZeRO stage, the pipeline) and the engine
+chooses everything else.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from toolkit.bench.workload import Workload
+from toolkit.errors import ToolkitError
+from toolkit.render import tf as render_tf
+from toolkit.render.deepspeed import deepspeed_config
+from toolkit.spec import TrainSpec
+
+NATIVE_DIR = Path(__file__).with_name("native")
+
+ArgumentsFor = Callable[[TrainSpec, Path], list[str]]
+
+
+def _threads(spec: TrainSpec, _: Path) -> list[str]:
+    return ["--threads", str(spec.launch.threads_per_rank)]
+
+
+def _nothing(spec: TrainSpec, _: Path) -> list[str]:
+    return []
+
+
+def _deepspeed_matched(spec: TrainSpec, workdir: Path) -> list[str]:
+    path = workdir / "ds_config.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(deepspeed_config(spec, spec.world_size), indent=1))
+    return [*_threads(spec, workdir), "--ds-config", str(path), *_pipeline(spec)]
+
+
+def _deepspeed_defaults(spec: TrainSpec, _: Path) -> list[str]:
+    return ["--zero-stage", str(spec.zero.stage), *_pipeline(spec)]
+
+
+def _pipeline(spec: TrainSpec) -> list[str]:
+    return ["--pipeline-stages", str(spec.pipeline.stages)]
+
+
+def _tf_matched(spec: TrainSpec, workdir: Path) -> list[str]:
+    implementation = render_tf.communication_options(spec)["implementation"]
+    return [*_threads(spec, workdir), "--communication", implementation]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Native:
+    script: str
+    """File in toolkit/bench/native/."""
+    matched: ArgumentsFor
+    """Arguments that give it the toolkit's settings (may write files into the work dir)."""
+    defaults: ArgumentsFor
+    """Arguments that pick the same variant and leave every setting at the engine's default."""
+    toggles: tuple[str, ...] = ()
+    """The candidate-cost flags it understands beyond --loss-allreduce."""
+
+    @property
+    def path(self) -> Path:
+        return NATIVE_DIR / self.script
+
+
+NATIVE: dict[tuple[str, str], Native] = {
+    ("ddp", "torch"): Native(script="ddp.py", matched=_threads, defaults=_nothing),
+    ("horovod", "torch"): Native(script="horovod_torch.py", matched=_threads, defaults=_nothing),
+    ("deepspeed", "torch"): Native(
+        script="ds_engine.py", matched=_deepspeed_matched, defaults=_deepspeed_defaults
+    ),
+    ("tf", "tensorflow"): Native(
+        script="tf_mwms.py",
+        matched=_tf_matched,
+        defaults=_nothing,
+        toggles=("--host-copy", "--torch-optimizer"),
+    ),
+    ("horovod", "tensorflow"): Native(
+        script="horovod_tf.py",
+        matched=_threads,
+        defaults=_nothing,
+        toggles=("--host-copy", "--torch-optimizer"),
+    ),
+}
+
+
+def native_for(spec: TrainSpec) -> Native:
+    found = NATIVE.get((spec.backend, spec.framework_name))
+    if found is None:
+        pairs = ", ".join(f"{b}+{f}" for b, f in NATIVE)
+        raise ToolkitError(
+            f"no native reference script for backend {spec.backend!r} with framework "
+            f"{spec.framework_name!r}; the bench has {pairs}",
+            "pick one of those in the spec",
+        )
+    return found
+
+
+PIPELINE_WORKLOAD = Workload(micro=32, micro_batches=4)
+"""The pipeline case keeps the global batch of 128 as 4 micro-batches of 32 (2 stages, dp 1)."""
+
+
+@dataclass(frozen=True)
+class StepCase:
+    name: str
+    spec: dict[str, Any]
+    """Spec fields over the user's spec: the engine, its variant and launcher."""
+    workload: Workload = field(default_factory=Workload)
+
+
+def _case(name: str, backend: str, launcher: str, **extra: Any) -> StepCase:
+    spec: dict[str, Any] = {
+        "backend": backend,
+        "framework": extra.pop("framework", None),
+        "pipeline": {"stages": 1},
+        "tf": {"local_devices": 1},
+        "launch": {"launcher": launcher},
+        **extra,
+    }
+    return StepCase(name, spec)
+
+
+CASES: tuple[StepCase, ...] = (
+    _case("ddp/torchrun", "ddp", "torchrun"),
+    _case("horovod-torch-gloo/horovodrun", "horovod", "horovodrun", horovod={"controller": "gloo"}),
+    _case("horovod-torch-mpi/horovodrun", "horovod", "horovodrun", horovod={"controller": "mpi"}),
+    *(
+        _case(f"zero{stage}/deepspeed", "deepspeed", "deepspeed", zero={"stage": stage})
+        for stage in range(4)
+    ),
+    StepCase(
+        "pipeline2x4/deepspeed",
+        {
+            "backend": "deepspeed",
+            "framework": None,
+            "zero": {"stage": 0},
+            "pipeline": {"stages": 2},
+            "launch": {"launcher": "deepspeed"},
+        },
+        PIPELINE_WORKLOAD,
+    ),
+    _case("tf-mwms/local", "tf", "local"),
+    _case(
+        "horovod-tf-gloo/horovodrun",
+        "horovod",
+        "horovodrun",
+        framework="tensorflow",
+        horovod={"controller": "gloo"},
+    ),
+    _case(
+        "horovod-tf-mpi/horovodrun",
+        "horovod",
+        "horovodrun",
+        framework="tensorflow",
+        horovod={"controller": "mpi"},
+    ),
+)
+
+
+def case_for(spec: TrainSpec) -> StepCase:
+    """The user's own spec as one case (its launcher, its settings)."""
+    name = f"{spec.backend}+{spec.framework_name}/{spec.launcher}"
+    workload = PIPELINE_WORKLOAD if spec.pipeline.stages > 1 else Workload()
+    return StepCase(name, {}, workload)

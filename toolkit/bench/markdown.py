@@ -1,0 +1,193 @@
+"""BENCHMARKS.md from the JSON the benchmarks wrote (`toolkit bench report`).
+
+The tables and figures come from docs/bench/*.json; the reading of them comes from
+docs/bench/findings.md, written by whoever ran the measurements and copied in as is. Every
+section names the command that produced it, the date and the load on the machine.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from toolkit.bench import record
+
+MIB = float(1 << 20)
+
+
+def _f(value: Any, spec: str = ".3f") -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return format(value, spec)
+
+
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def _machine(data: dict[str, Any]) -> str:
+    m = data["machine"]
+    start = ", ".join(f"{x:.1f}" for x in m["load_average_start"])
+    end = ", ".join(f"{x:.1f}" for x in m.get("load_average_end", []))
+    return (
+        f"Run {m['date']} on {m['cpus']} cores; load average (1, 5, 15 min) {start} at the "
+        f"start, {end} at the end. Command: `{data['command']}`."
+    )
+
+
+def _ratio(spread: dict[str, Any] | None) -> str:
+    if not spread:
+        return "-"
+    return (
+        f"{_f(spread['median'])} [{_f(spread['ci_low'])}, {_f(spread['ci_high'])}] "
+        f"({_f(spread['low'])}..{_f(spread['high'])})"
+    )
+
+
+def step_section(data: dict[str, Any], title: str, png: str) -> list[str]:
+    labels: list[str] = []
+    for case in data["cases"]:
+        labels += [label for label in case["median_ms"] if label not in labels]
+    head = ["case", *(f"{label} ms" for label in labels)]
+    head += [f"{label} / native" for label in labels[1:]]
+    has_defaults = any(case.get("toolkit_over_defaults") for case in data["cases"])
+    head += ["toolkit / defaults"] if has_defaults else []
+    rows = []
+    for case in data["cases"]:
+        row = [case["case"], *(_f(case["median_ms"].get(label), ".1f") for label in labels)]
+        row += [_ratio(case["ratio_to_baseline"].get(label)) for label in labels[1:]]
+        row += [_ratio(case.get("toolkit_over_defaults"))] if has_defaults else []
+        rows.append(row)
+    lines = [f"### {title}", "", _machine(data), ""]
+    lines.append(
+        f"{data['reps']} repetitions of {data['warmup']} untimed + {data['steps']} timed steps "
+        "per launch. ms: median over repetitions of each launch's median step. Ratios: median "
+        "over repetitions of the ratio of two launches of the same repetition, [bootstrap 95% "
+        "interval of that median] (min..max); `native-again / native` is the A/A noise floor."
+    )
+    lines += ["", *_table(head, rows), ""]
+    for key, words in (
+        (
+            "p10_ratio_to_baseline",
+            "each launch's 10th-percentile step (the steps other jobs disturbed least)",
+        ),
+        (
+            "cpu_ratio_to_baseline",
+            "each launch's median CPU time per step (all the process's "
+            "threads; blind to waiting for a core and to sleeping on a peer)",
+        ),
+    ):
+        if not any(case.get(key) for case in data["cases"]):
+            continue
+        lines.append(f"The same ratios from {words}:")
+        rows = [
+            [case["case"], *(_ratio(case[key].get(label)) for label in labels[1:])]
+            for case in data["cases"]
+        ]
+        lines += ["", *_table(["case", *(f"{x} / native" for x in labels[1:])], rows), ""]
+    errors = [
+        f"- {case['case']}: {e.splitlines()[0]}" for case in data["cases"] for e in case["errors"]
+    ]
+    if errors:
+        lines += ["Failed launches:", *errors, ""]
+    lines += [f"![{title}]({png})", ""]
+    return lines
+
+
+def allreduce_section(data: dict[str, Any], png: str) -> list[str]:
+    series = data["series"]
+    sizes = series[0]["sizes"] if series else []
+
+    def size(s: int) -> str:
+        return f"{s >> 20} MiB" if s >= 1 << 20 else f"{s >> 10} KiB"
+
+    head = ["path", *(size(s) for s in sizes), "alpha (µs)", "beta (GB/s)"]
+    rows = [
+        [
+            s["label"],
+            *(_f(bw, ".3f") for bw in s["busbw_gbs"]),
+            _f(s["alpha_us"], ".0f"),
+            _f(s["beta_busbw_gbs"], ".3f"),
+        ]
+        for s in series
+    ]
+    ratio_rows = [
+        [label, *(_f(ratios.get(str(s)), ".3f") for s in sizes)]
+        for label, ratios in data["toolkit_over_raw_busbw"].items()
+    ]
+    lines = ["### Allreduce bus bandwidth (GB/s)", "", _machine(data), ""]
+    lines += [*_table(head, rows), ""]
+    lines += ["Toolkit `run.allreduce` busbw / the raw path it goes through, same processes:", ""]
+    lines += [*_table(["toolkit path", *(size(s) for s in sizes)], ratio_rows), ""]
+    lines += [f"![allreduce]({png})", ""]
+    return lines
+
+
+def memory_section(data: dict[str, Any]) -> list[str]:
+    model = data["model"]
+    head = [
+        "case",
+        "optimizer state: plan / measured (MiB)",
+        "ratio",
+        "model states plan / tensor census",
+        "ratio",
+        "plan total / RSS Δ after steps",
+        "ratio",
+        "RSS Δ peak",
+        "ratio",
+    ]
+    rows = []
+    for case in data["cases"]:
+        o, t, r = case["optimizer_state"], case["tensors"], case["resident"]
+        rows.append(
+            [
+                case["case"],
+                f"{o['plan'] / MIB:.1f} / {o['measured'] / MIB:.1f}",
+                _f(o["ratio"]),
+                f"{t['plan_model_states'] / MIB:.1f} / {t['census'] / MIB:.1f}",
+                _f(t["ratio"]),
+                f"{r['plan_total'] / MIB:.1f} / {r['rss_delta'] / MIB:.1f}",
+                _f(r["ratio"]),
+                f"{r['rss_peak_delta'] / MIB:.1f}",
+                _f(r["peak_ratio"]),
+            ]
+        )
+    lines = ["### Memory: `toolkit plan` against real CPU runs", "", _machine(data), ""]
+    lines.append(
+        f"MLP {'-'.join(map(str, model['layers']))} ({model['parameters']:,} parameters), "
+        f"micro-batch {model['micro']}, 2 ranks, rank 0; spec fields {data['spec']}."
+    )
+    lines += ["", *_table(head, rows), ""]
+    return lines
+
+
+def render(directory: Path, *, image_prefix: str) -> str:
+    """The whole BENCHMARKS.md; sections for the JSON files that exist in `directory`."""
+    lines = ["# Benchmarks", ""]
+    lines.append(
+        "Generated by `toolkit bench report` from the JSON in "
+        f"`{image_prefix.rstrip('/')}/`; regenerate everything with `toolkit bench all` "
+        "(see below). Do not edit by hand: the reading of the figures lives in "
+        f"`{image_prefix.rstrip('/')}/findings.md`."
+    )
+    lines.append("")
+    findings = directory / "findings.md"
+    if findings.exists():
+        lines += [findings.read_text().rstrip(), ""]
+    lines += ["## Figures", ""]
+    step_files = sorted(directory.glob("step*.json")) + sorted(directory.glob("cand*.json"))
+    for path in step_files:
+        data = record.read_json(path)
+        title = "Step: toolkit vs native" if path.stem == "step" else f"Step: {path.stem}"
+        lines += step_section(data, title, f"{image_prefix}{path.stem}.png")
+    if (directory / "allreduce.json").exists():
+        data = record.read_json(directory / "allreduce.json")
+        lines += allreduce_section(data, f"{image_prefix}allreduce.png")
+    if (directory / "memory.json").exists():
+        lines += memory_section(record.read_json(directory / "memory.json"))
+    if (directory / "plan.txt").exists():
+        lines += ["### `toolkit plan` for the memory model", "", "```"]
+        lines += [(directory / "plan.txt").read_text().rstrip(), "```", ""]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,90 @@
+"""The rank program of `toolkit bench allreduce`: for each message size, every path of this
+launch (the toolkit's `run.allreduce` and the raw engine calls next to it, in the same
+processes) and a single-core memcpy, interleaved.
+
+    python toolkit/bench/ranks/toolkit_allreduce.py --spec S.json --paths torch-gloo,toolkit \
+        --sizes 4096,65536 --out sweep.json
+
+Per size and path: `--blocks` blocks, each a barrier then `iterations` back-to-back operations
+(enough that a block moves ~`--block-bytes`), timed on rank 0; the figure is the median block's
+seconds per operation. Block order rotates between paths so none always runs first. memcpy runs
+on every rank at once (each on its own core), as the allreduce does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import toolkit
+from toolkit.bench.ranks import raw_paths
+from toolkit.spec import TrainSpec
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--spec", required=True)
+    parser.add_argument("--paths", required=True, help="comma-separated raw_paths.PATHS names")
+    parser.add_argument("--sizes", required=True, help="comma-separated message sizes in bytes")
+    parser.add_argument("--blocks", type=int, default=3)
+    parser.add_argument("--block-bytes", type=int, default=64 << 20)
+    parser.add_argument("--max-iterations", type=int, default=50)
+    parser.add_argument("--out", required=True)
+    args, _ = parser.parse_known_args(argv)
+    return args
+
+
+def iterations(size: int, args: argparse.Namespace) -> int:
+    return max(2, min(args.max_iterations, math.ceil(args.block_bytes / size)))
+
+
+def time_block(operation: Callable[[], Any], count: int, barrier: Callable[[], None]) -> float:
+    barrier()
+    start = time.perf_counter()
+    for _ in range(count):
+        operation()
+    return (time.perf_counter() - start) / count
+
+
+def main() -> int:
+    args = parse(sys.argv[1:])
+    spec = TrainSpec.from_dict(json.loads(Path(args.spec).read_text()))
+    run = toolkit.init(spec)
+    names = args.paths.split(",")
+    makers = {name: raw_paths.PATHS[name](run) for name in names}
+    sizes = [int(size) for size in args.sizes.split(",")]
+    seconds: dict[str, dict[str, float]] = {name: {} for name in [*names, "memcpy"]}
+    for size in sizes:
+        elements = max(1, size // 4)
+        operations = {name: make(elements) for name, make in makers.items()}
+        operations["memcpy"] = raw_paths.memcpy(elements)
+        count = iterations(size, args)
+        for operation in operations.values():
+            operation()  # warm: first-touch pages, connections, Horovod's negotiation cache
+        blocks: dict[str, list[float]] = {name: [] for name in operations}
+        order = list(operations)
+        for block in range(args.blocks):
+            shift = block % len(order)
+            for name in order[shift:] + order[:shift]:
+                blocks[name].append(time_block(operations[name], count, run.barrier))
+        for name, measured in blocks.items():
+            seconds[name][str(size)] = float(np.median(measured))
+        del operations
+    if run.is_main:
+        record = {"world": run.world_size, "seconds": seconds, "paths": names}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(record))
+    run.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""The context every benchmark JSON carries: when, on what machine, under what load, with which
+engine versions (read from package metadata, so no engine is imported here)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+PACKAGES = ("torch", "tensorflow-cpu", "deepspeed", "horovod", "mpi4py", "numpy")
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "load_average_start": list(os.getloadavg()),
+        "versions": {name: _version(name) for name in PACKAGES},
+    }
+
+
+def finish(context: dict[str, Any]) -> dict[str, Any]:
+    """The context with the load average at the end (other jobs come and go during a run)."""
+    return {**context, "load_average_end": list(os.getloadavg())}
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, allow_nan=True) + "\n")
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data

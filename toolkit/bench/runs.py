@@ -1,0 +1,208 @@
+"""What each `toolkit bench` subcommand does once its arguments are parsed
+(toolkit/commands/bench.py holds the parsers). Imports no engine: they run in launched ranks."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from toolkit.errors import ToolkitError
+
+
+def _step_command(args: argparse.Namespace) -> str:
+    """The command line that reproduces this run, for the JSON and BENCHMARKS.md."""
+    words = ["toolkit", "bench", "step", "--spec", args.spec]
+    words += ["--all"] if args.all else []
+    words += ["--vs-defaults"] if args.vs_defaults else []
+    words += ["--reps", str(args.reps), "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    words += ["--cases", *args.cases] if args.cases else []
+    words += ["--name", args.name] if args.name != "step" else []
+    for name in args.patch:
+        words += ["--patch", name]
+    for flag in args.candidate:
+        words += [f"--candidate={flag}"]
+    for text in args.setting:
+        words += ["--setting", text]
+    if args.layers:
+        words += ["--layers", ",".join(map(str, args.layers))]
+    if args.micro:
+        words += ["--micro", str(args.micro)]
+    return " ".join(words)
+
+
+def run_step(args: argparse.Namespace) -> int:
+    from toolkit.bench import cases as bench_cases
+    from toolkit.bench import record
+    from toolkit.bench.patches import PATCHES
+    from toolkit.bench.step import StepBench, log_stderr, variants_for
+    from toolkit.bench.step_report import plot, table
+    from toolkit.spec import load_spec
+
+    user = load_spec(args.spec)
+    unknown = [name for name in args.patch if name not in PATCHES]
+    if unknown:
+        raise ToolkitError(
+            f"--patch {unknown[0]!r}: no such patch; there are {', '.join(sorted(PATCHES))}",
+            "see toolkit/bench/patches.py",
+        )
+    selected = list(bench_cases.CASES) if args.all else [bench_cases.case_for(user)]
+    if args.cases:
+        selected = [c for c in selected if any(p in c.name for p in args.cases)]
+        if not selected:
+            names = ", ".join(c.name for c in bench_cases.CASES)
+            raise ToolkitError(f"--cases {args.cases}: matches no case", f"cases: {names}")
+    overrides = {
+        key: value
+        for key, value in (("layers", args.layers), ("micro", args.micro))
+        if value is not None
+    }
+    if overrides:
+        selected = [
+            dataclasses.replace(c, workload=dataclasses.replace(c.workload, **overrides))
+            for c in selected
+        ]
+    variants = variants_for(
+        vs_defaults=args.vs_defaults,
+        patches=args.patch,
+        candidates=args.candidate,
+        settings=args.setting,
+    )
+    context = record.machine()
+    out = Path(args.out)
+    with tempfile.TemporaryDirectory(prefix="toolkit-bench-") as work:
+        bench = StepBench(Path(work), user, steps=args.steps, warmup=args.warmup, log=log_stderr)
+        results = bench.run(selected, variants, args.reps)
+    name = args.name
+    data = {
+        "kind": "step",
+        "command": _step_command(args),
+        "machine": record.finish(context),
+        "reps": args.reps,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "workloads": {c.name: dataclasses.asdict(c.workload) for c in selected},
+        "cases": [result.to_json() for result in results],
+    }
+    record.write_json(out / f"{name}.json", data)
+    png = plot(data, out / f"{name}.png")
+    print(table(data))
+    print(f"wrote {out / f'{name}.json'}, {png}")
+    return 1 if any(result.errors for result in results) else 0
+
+
+def run_allreduce(args: argparse.Namespace) -> int:
+    from toolkit.bench import allreduce, record
+    from toolkit.bench.allreduce_report import plot, table
+    from toolkit.bench.step import log_stderr
+
+    sizes = args.sizes or list(allreduce.FULL_SIZES if args.full else allreduce.DEFAULT_SIZES)
+    sweeps = tuple(
+        s for s in allreduce.SWEEPS if not args.sweeps or any(p in s.name for p in args.sweeps)
+    )
+    if not sweeps:
+        names = ", ".join(s.name for s in allreduce.SWEEPS)
+        raise ToolkitError(f"--sweeps {args.sweeps}: matches no sweep", f"sweeps: {names}")
+    context = record.machine()
+    with tempfile.TemporaryDirectory(prefix="toolkit-bench-") as work:
+        measured = allreduce.run_sweeps(
+            Path(work), sorted(set(sizes)), blocks=args.blocks, sweeps=sweeps, log=log_stderr
+        )
+    words = ["toolkit", "bench", "allreduce", "--blocks", str(args.blocks)]
+    words += ["--full"] if args.full else []
+    words += ["--sizes", *map(str, args.sizes)] if args.sizes else []
+    words += ["--sweeps", *args.sweeps] if args.sweeps else []
+    data = {
+        "kind": "allreduce",
+        "command": " ".join(words),
+        "machine": record.finish(context),
+        **measured,
+    }
+    out = Path(args.out)
+    record.write_json(out / "allreduce.json", data)
+    png = plot(data, out / "allreduce.png")
+    print(table(data))
+    print(f"wrote {out / 'allreduce.json'}, {png}")
+    return 1 if data["errors"] else 0
+
+
+def run_memory(args: argparse.Namespace) -> int:
+    from toolkit.bench import memory, record
+    from toolkit.bench.step import log_stderr
+    from toolkit.spec import load_spec
+
+    base: dict[str, Any] = {"optimizer": {"name": "adamw"}}
+    if args.spec:
+        spec = load_spec(args.spec).to_dict()
+        base = {"optimizer": spec["optimizer"], "precision": spec["precision"]}
+    cases = tuple(
+        c for c in memory.MEMORY_CASES if not args.cases or any(p in c.name for p in args.cases)
+    )
+    if not cases:
+        names = ", ".join(c.name for c in memory.MEMORY_CASES)
+        raise ToolkitError(f"--cases {args.cases}: matches no case", f"cases: {names}")
+    layers = args.layers or memory.DEFAULT_LAYERS
+    context = record.machine()
+    with tempfile.TemporaryDirectory(prefix="toolkit-bench-") as work:
+        measured = memory.run_memory(
+            Path(work), layers=layers, micro=args.micro, base=base, cases=cases, log=log_stderr
+        )
+    words = ["toolkit", "bench", "memory", "--micro", str(args.micro)]
+    words += ["--spec", args.spec] if args.spec else []
+    words += ["--layers", ",".join(map(str, layers))] if args.layers else []
+    words += ["--cases", *args.cases] if args.cases else []
+    data = {"kind": "memory", "command": " ".join(words), "machine": record.finish(context)}
+    data.update(measured)
+    record.write_json(Path(args.out) / "memory.json", data)
+    print(memory.table(data))
+    print(f"wrote {Path(args.out) / 'memory.json'}")
+    return 1 if data["errors"] else 0
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from toolkit.bench.markdown import render
+
+    directory, target = Path(args.dir), Path(args.to)
+    if not directory.is_dir():
+        raise ToolkitError(f"--dir {args.dir!r} is not a directory", "run `toolkit bench all`")
+    prefix = os.path.relpath(str(directory), str(target.parent)).rstrip("/") + "/"
+    target.write_text(render(directory, image_prefix=prefix))
+    print(f"wrote {target}")
+    return 0
+
+
+def run_all(args: argparse.Namespace) -> int:
+    """What BENCHMARKS.md shows, each through the CLI itself so the JSON records its command."""
+    from toolkit.cli import main
+
+    out = ["--out", args.dir]
+    runs = [
+        [
+            "bench",
+            "step",
+            "--spec",
+            args.spec,
+            "--all",
+            "--vs-defaults",
+            "--reps",
+            str(args.reps),
+            *out,
+        ],
+        ["bench", "allreduce", "--full", *out],
+        ["bench", "memory", *out],
+    ]
+    status = 0
+    for argv in runs:
+        status |= main(argv)
+    memory_spec = Path(args.dir) / "memory-plan.yaml"
+    memory_spec.write_text(
+        "backend: ddp\noptimizer: {name: adamw}\nbatch: {global: 128, micro: 64}\nlaunch: {np: 2}\n"
+    )
+    model = "toolkit.bench.native._torch_model:memory_mlp"
+    plan_out = str(Path(args.dir) / "plan.txt")
+    status |= main(["plan", "--spec", str(memory_spec), "--model", model, "-o", plan_out])
+    status |= main(["bench", "report", "--dir", args.dir, "--to", args.to])
+    return status

@@ -1,0 +1,83 @@
+"""Statistics for side-by-side timings on a shared machine: medians, ratios and their spread.
+
+A launch's figure is the median of its per-step times (robust to the odd step another job's
+burst stretched). A repetition's figure is the ratio of two launches made next to each other,
+and the result is the median of those ratios with two spreads: min/max over repetitions, and a
+bootstrap 95% interval of the median (repetitions resampled with replacement; with fewer than
+5 repetitions it is no tighter than min/max, and is reported anyway).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+BOOTSTRAP_SAMPLES = 2000
+
+
+@dataclass(frozen=True)
+class Spread:
+    median: float
+    low: float
+    """min over repetitions"""
+    high: float
+    """max over repetitions"""
+    ci_low: float
+    """bootstrap 2.5% of the median"""
+    ci_high: float
+    """bootstrap 97.5% of the median"""
+    n: int
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def text(self) -> str:
+        return f"{self.median:.3f} [{self.ci_low:.3f}, {self.ci_high:.3f}]"
+
+
+def median(values: Sequence[float]) -> float:
+    return float(np.median(np.asarray(values, dtype=float))) if values else float("nan")
+
+
+def spread(values: Sequence[float], *, seed: int = 0) -> Spread:
+    """The median of `values` with min/max and a bootstrap 95% interval of the median."""
+    data = np.asarray([v for v in values if np.isfinite(v)], dtype=float)
+    if data.size == 0:
+        nan = float("nan")
+        return Spread(nan, nan, nan, nan, nan, 0)
+    rng = np.random.default_rng(seed)
+    resampled = rng.choice(data, size=(BOOTSTRAP_SAMPLES, data.size), replace=True)
+    medians = np.median(resampled, axis=1)
+    return Spread(
+        median=float(np.median(data)),
+        low=float(data.min()),
+        high=float(data.max()),
+        ci_low=float(np.percentile(medians, 2.5)),
+        ci_high=float(np.percentile(medians, 97.5)),
+        n=int(data.size),
+    )
+
+
+def ratios(numerators: Sequence[float], denominators: Sequence[float]) -> list[float]:
+    """Pairwise ratios of same-repetition figures; NaN where either side is missing."""
+    return [
+        a / b if np.isfinite(a) and np.isfinite(b) and b > 0 else float("nan")
+        for a, b in zip(numerators, denominators, strict=True)
+    ]
+
+
+def fit_alpha_beta(sizes: Sequence[float], seconds: Sequence[float]) -> tuple[float, float]:
+    """Least-squares fit of t = alpha + bytes / beta (the alpha-beta, or Hockney, model):
+    latency alpha in seconds and bandwidth beta in bytes per second. Each point is weighted by
+    1/t, so small messages (latency) and large ones (bandwidth) both count, and the fit is
+    done on relative error. beta is inf when the times do not grow with size."""
+    x = np.asarray(sizes, dtype=float)
+    t = np.asarray(seconds, dtype=float)
+    weights = 1.0 / t
+    design = np.stack([np.ones_like(x), x], axis=1) * weights[:, None]
+    (alpha, slope), *_ = np.linalg.lstsq(design, t * weights, rcond=None)
+    beta = 1.0 / slope if slope > 0 else float("inf")
+    return float(max(alpha, 0.0)), float(beta)

@@ -1,0 +1,250 @@
+"""`toolkit bench step`: the toolkit's step against the native step of the same engine.
+
+For one case (an engine, its variant and launcher) each repetition starts every variant once,
+through real launchers, in an order that rotates from one repetition to the next so that no
+variant always runs first or last while other jobs come and go:
+
+- `native`: the engine's own script (toolkit/bench/native) started by the toolkit's launch plan
+  and given the toolkit's settings; or, with --vs-defaults, started by the launcher's bare
+  command with the engine's defaults.
+- `toolkit`: the same step through `toolkit.init`/`run.train_step`, the same plan.
+- `native-again`: native once more, for the A/A noise floor (native / native in the same run).
+- `toolkit+PATCH` (with --patch) and `native+FLAG` (with --candidate): one candidate cost each.
+
+A launch's figure is the median of its per-step times on rank 0; ratios are taken between
+launches of the same repetition (see toolkit.bench.stats).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from toolkit.bench import stats
+from toolkit.bench.bare import bare_launch, execute_bare
+from toolkit.bench.cases import Native, StepCase, native_for
+from toolkit.errors import ToolkitError
+from toolkit.launch.runner import execute, machine_context
+from toolkit.launch.supervisor import LaunchResult, free_port
+from toolkit.parity.cases import merge
+from toolkit.render.launchers import launch_plan
+from toolkit.spec import TrainSpec
+
+TOOLKIT_RANK = str(Path(__file__).parent / "ranks" / "toolkit_step.py")
+LAUNCH_TIMEOUT_S = 600
+
+
+@dataclass(frozen=True, eq=False)
+class Variant:
+    label: str
+    kind: str
+    """native | defaults | toolkit"""
+    extra: tuple[str, ...] = ()
+    """--patch NAME for toolkit, candidate flags for native."""
+    setting: dict[str, Any] = field(default_factory=dict)
+    """Spec fields over the case's (--setting PATH=VALUE): the native script under another
+    setting of the toolkit's, to compare settings side by side."""
+
+
+def _p10(values: list[float]) -> float:
+    return float(np.percentile(values, 10))
+
+
+FIGURES: dict[str, tuple[str, Callable[[list[float]], float]]] = {
+    "median": ("step_s", stats.median),
+    "p10": ("step_s", _p10),
+    "cpu": ("cpu_s", stats.median),
+}
+"""A launch's figures, in ms per step: the median wall time (the headline), the 10th
+percentile (the steps other jobs disturbed least, steadier on a loaded machine) and the median
+CPU time of the process (blind to waiting for a core, and to sleeping on a peer)."""
+
+
+@dataclass
+class CaseResult:
+    name: str
+    spec: dict[str, Any]
+    variants: list[str]
+    figures: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    """figure -> variant -> that figure of each repetition's launch (NaN when it failed)."""
+    loader_ms: list[float] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.figures = {name: {label: [] for label in self.variants} for name in FIGURES}
+
+    @property
+    def baseline(self) -> str:
+        return self.variants[0]
+
+    def add(self, label: str, record: dict[str, Any]) -> None:
+        for name, (key, figure) in FIGURES.items():
+            values = record.get(key) or []
+            self.figures[name][label].append(figure(values) * 1e3 if values else float("nan"))
+
+    def ratios(self, figure: str, over: str | None = None) -> dict[str, stats.Spread]:
+        ms = self.figures[figure]
+        base = ms[over or self.baseline]
+        return {label: stats.spread(stats.ratios(ms[label], base)) for label in self.variants[1:]}
+
+    def to_json(self) -> dict[str, Any]:
+        defaults = None
+        if "defaults" in self.variants:
+            defaults = self.ratios("median", over="defaults")["toolkit"].to_json()
+        return {
+            "case": self.name,
+            "spec": self.spec,
+            "baseline": self.baseline,
+            "ms": self.figures,
+            "median_ms": {label: stats.median(ms) for label, ms in self.figures["median"].items()},
+            "ratio_to_baseline": {k: v.to_json() for k, v in self.ratios("median").items()},
+            "p10_ratio_to_baseline": {k: v.to_json() for k, v in self.ratios("p10").items()},
+            "cpu_ratio_to_baseline": {k: v.to_json() for k, v in self.ratios("cpu").items()},
+            "toolkit_over_defaults": defaults,
+            "toolkit_loader_ms": stats.median(self.loader_ms),
+            "settings": self.settings,
+            "errors": self.errors,
+        }
+
+
+def variants_for(
+    *,
+    vs_defaults: bool,
+    patches: list[str],
+    candidates: list[str],
+    settings: Sequence[str] = (),
+) -> list[Variant]:
+    """native first (every ratio's denominator), toolkit, native again (A/A); with vs_defaults
+    the engine at its own defaults too; then one variant per patch, candidate flag and
+    setting."""
+    found = [Variant("native", "native"), Variant("toolkit", "toolkit")]
+    found.append(Variant("native-again", "native"))
+    if vs_defaults:
+        found.append(Variant("defaults", "defaults"))
+    found += [Variant(f"toolkit+{p}", "toolkit", ("--patch", p)) for p in patches]
+    found += [Variant(f"native+{flag.lstrip('-')}", "native", (flag,)) for flag in candidates]
+    found += [Variant(f"native@{text}", "native", (), parse_setting(text)) for text in settings]
+    return found
+
+
+def parse_setting(text: str) -> dict[str, Any]:
+    """ "horovod.cycle_time_ms=0.1" -> {"horovod": {"cycle_time_ms": 0.1}} (YAML values)."""
+    path, separator, value = text.partition("=")
+    if not separator or not path or any(not part for part in path.split(".")):
+        raise ToolkitError(
+            f"--setting {text!r}: expected PATH=VALUE", "e.g. --setting horovod.cycle_time_ms=0.1"
+        )
+    data: dict[str, Any] = {}
+    node = data
+    *parents, leaf = path.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = yaml.safe_load(value)
+    return data
+
+
+def case_spec(user: TrainSpec, case: StepCase, setting: dict[str, Any] | None = None) -> TrainSpec:
+    """The user's spec, the case's engine, a variant's setting, the workload pinned, fresh
+    ports, this machine."""
+    data = merge(user.to_dict(), case.spec, setting or {})
+    data = merge(data, case.workload.spec_fields(case.workload.ranks // _stages(data)))
+    data = merge(
+        data,
+        {
+            "launch": {"hosts": [], "hostfile": None, "master_port": free_port()},
+            "tf": {"port": free_port()},
+        },
+    )
+    return TrainSpec.from_dict(data)
+
+
+def _stages(data: dict[str, Any]) -> int:
+    return int(data.get("pipeline", {}).get("stages") or 1)
+
+
+class StepBench:
+    """Runs cases of one user spec; every launch gets its own directory under `work`."""
+
+    def __init__(
+        self,
+        work: Path,
+        user: TrainSpec,
+        *,
+        steps: int,
+        warmup: int,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        self.work = work
+        self.user = user
+        self.steps = steps
+        self.warmup = warmup
+        self.log = log
+        self.launches = 0
+
+    def run(self, cases: list[StepCase], variants: list[Variant], reps: int) -> list[CaseResult]:
+        results = []
+        for case in cases:
+            self.log(f"{case.name}: {reps} repetitions of {', '.join(v.label for v in variants)}")
+            results.append(self.run_case(case, variants, reps))
+        return results
+
+    def run_case(self, case: StepCase, variants: list[Variant], reps: int) -> CaseResult:
+        native = native_for(case_spec(self.user, case))
+        result = CaseResult(case.name, case.spec, [v.label for v in variants])
+        for rep in range(reps):
+            shift = rep % len(variants)
+            for variant in variants[shift:] + variants[:shift]:
+                record = self._launch(case, native, variant, rep)
+                result.add(variant.label, record)
+                if "error" in record:
+                    result.errors.append(f"rep {rep} {variant.label}: {record['error']}")
+                    continue
+                if variant.kind == "toolkit" and not variant.extra:
+                    result.loader_ms.append(stats.median(record.get("loader_s", [])) * 1e3)
+                result.settings.setdefault(variant.label, record.get("settings", {}))
+        return result
+
+    def _launch(self, case: StepCase, native: Native, variant: Variant, rep: int) -> dict[str, Any]:
+        self.launches += 1
+        directory = self.work / f"launch{self.launches:03d}"
+        directory.mkdir(parents=True)
+        out = directory / "timings.json"
+        # Fresh ports for every launch: back-to-back jobs on one port can meet the last's socket.
+        spec = case_spec(self.user, case, variant.setting)
+        args = [*case.workload.arguments(steps=self.steps, warmup=self.warmup), "--out", str(out)]
+        if variant.kind == "toolkit":
+            spec_file = directory / "spec.json"
+            spec_file.write_text(json.dumps(spec.to_dict()))
+            command = [TOOLKIT_RANK, "--spec", str(spec_file), *args, *variant.extra]
+            outcome = self._run_plan(spec, command)
+        elif variant.kind == "native":
+            command = [str(native.path), *args, *native.matched(spec, directory), *variant.extra]
+            outcome = self._run_plan(spec, command)
+        else:
+            extra = [*native.defaults(spec, directory), *variant.extra]
+            launch = bare_launch(spec, str(native.path), [*args, *extra])
+            outcome = execute_bare(spec, launch, timeout=LAUNCH_TIMEOUT_S)
+        if not outcome.ok or not out.exists():
+            reason = outcome.report() if not outcome.ok else "no timings written"
+            self.log(f"  {case.name} rep {rep} {variant.label}: FAILED {reason.splitlines()[0]}")
+            return {"error": reason}
+        record: dict[str, Any] = json.loads(out.read_text())
+        ms = stats.median(record["step_s"]) * 1e3
+        self.log(f"  {case.name} rep {rep} {variant.label}: {ms:.1f} ms/step")
+        return record
+
+    def _run_plan(self, spec: TrainSpec, command: list[str]) -> LaunchResult:
+        plan = launch_plan(spec, command, machine_context())
+        return execute(plan, spec, timeout=LAUNCH_TIMEOUT_S, echo=False)
+
+
+def log_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

@@ -1,0 +1,165 @@
+"""Bytes per rank, by component, for each engine and ZeRO stage, with and without offload.
+
+Components (bytes per rank; P parameters, N data-parallel ranks, L the largest layer):
+
+- parameters: the model's weights in the model's dtype (w = 2 when DeepSpeed runs bf16/fp16,
+  which casts the module; 4 otherwise, also under torch autocast).
+- gradients: in the model's dtype, or the fp32 partition ZeRO keeps for its optimizer step.
+- master: the fp32 copy of the weights ZeRO's optimizer updates. ZeRO-1/2 always clone their
+  partition (also in fp32); ZeRO-3 shares the partition when it is fp32 already.
+- optimizer: fp32 states, k bytes per parameter: Adam/AdamW 8 (two moments), SGD with momentum
+  4, plain SGD 0.
+- working: ZeRO-3's gathered layer, 2·w·L (the full weights and gradients of one layer).
+- buffers: engine communication buffers, not in DeepSpeed's estimators but resident on a real
+  run: DDP's gradient buckets (a second copy of the gradients, as gradient_as_bucket_view is
+  off), Horovod's fusion buffer, ZeRO-2/3's contiguous gradient bucket (the touched part).
+- activations: what backward keeps, micro × (input + every leaf's output) × activation bytes,
+  when the model is known; under the pipeline, the first stage holds min(m, p) micro-batches.
+
+With those, mixed-precision Adam gives DeepSpeed's own estimates exactly: ZeRO-2 per rank
+2P + 18P/N on the device (18 = 2 fp16 gradients + 4 fp32 gradients + 4 fp32 weights + 8 Adam),
+ZeRO-3 4L + 18P/N (the fp16 gradients live only in the gathered layer, the reduced gradient
+goes to an fp32 partition); with the optimizer offloaded, 16P/N per rank moves to the host
+(and the fp16 gradient partition is not kept), with the parameters offloaded too, 18P/N.
+tests/test_plan.py holds the plan to DeepSpeed's `estimate_zero2/3_model_states_mem_needs`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from toolkit.spec import TrainSpec
+
+COMPONENTS = ("parameters", "gradients", "master", "optimizer", "working", "buffers")
+MODEL_STATES = ("parameters", "gradients", "master", "optimizer", "working")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Memory:
+    """Bytes per rank: `device` is where the model computes, `host` what offload moves out.
+    On a machine without accelerators both are the same RAM, and the total is what counts."""
+
+    device: dict[str, float] = field(default_factory=dict)
+    host: dict[str, float] = field(default_factory=dict)
+    activations: float | None = None
+
+    def _sum(self, names: tuple[str, ...]) -> float:
+        return sum(self.device.get(n, 0.0) + self.host.get(n, 0.0) for n in names)
+
+    @property
+    def model_states(self) -> float:
+        return self._sum(MODEL_STATES)
+
+    @property
+    def device_model_states(self) -> float:
+        return sum(self.device.get(n, 0.0) for n in MODEL_STATES)
+
+    @property
+    def host_model_states(self) -> float:
+        return sum(self.host.get(n, 0.0) for n in MODEL_STATES)
+
+    @property
+    def total(self) -> float:
+        return self._sum(COMPONENTS) + (self.activations or 0.0)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **asdict(self),
+            "model_states": self.model_states,
+            "device_model_states": self.device_model_states,
+            "host_model_states": self.host_model_states,
+            "total": self.total,
+        }
+
+
+def optimizer_bytes(spec: TrainSpec) -> int:
+    """fp32 optimizer state per parameter."""
+    opt = spec.optimizer
+    if opt.name == "sgd":
+        return 4 if opt.momentum > 0 else 0
+    return 8
+
+
+def half(spec: TrainSpec) -> bool:
+    return spec.precision != "fp32"
+
+
+def activation_bytes(spec: TrainSpec) -> int:
+    return 2 if half(spec) else 4
+
+
+def replicated(
+    spec: TrainSpec, parameters: int, *, buffers: float, activations: float | None
+) -> Memory:
+    """An engine that keeps everything on every rank in fp32 (DDP, Horovod, TensorFlow):
+    autocast computes in 16 bits but keeps fp32 weights and gradients."""
+    return Memory(
+        device={
+            "parameters": 4.0 * parameters,
+            "gradients": 4.0 * parameters,
+            "master": 0.0,
+            "optimizer": float(optimizer_bytes(spec) * parameters),
+            "working": 0.0,
+            "buffers": buffers,
+        },
+        activations=activations,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ZeroLayout:
+    stage: int
+    offload_optimizer: bool = False
+    offload_params: bool = False
+
+
+def zero(
+    spec: TrainSpec,
+    layout: ZeroLayout,
+    *,
+    parameters: int,
+    largest_layer: int,
+    ranks: int,
+    activations: float | None,
+) -> Memory:
+    """DeepSpeed's engine at a ZeRO stage (0 = its plain data parallelism); see module docs."""
+    p, n, stage = float(parameters), ranks, layout.stage
+    w = 2.0 if half(spec) else 4.0
+    k = float(optimizer_bytes(spec))
+    reduce_bucket = min(float(spec.zero.reduce_bucket_size), p) * w
+    device: dict[str, float] = dict.fromkeys(COMPONENTS, 0.0)
+    host: dict[str, float] = {}
+    if stage == 0:
+        device["parameters"] = w * p
+        device["gradients"] = w * p + (4.0 * p if half(spec) else 0.0)
+        device["master"] = 4.0 * p / n if half(spec) else 0.0  # bf16/fp16 optimizer: partitioned
+        device["optimizer"] = k * p / n if half(spec) else k * p
+        device["buffers"] = w * p  # the flattened allreduce bucket
+        return Memory(device=device, activations=activations)
+    fp32_grad_partition = 4.0 * p / n
+    states = {
+        "master": 4.0 * p / n if (stage < 3 or half(spec)) else 0.0,
+        "optimizer": k * p / n,
+    }
+    if stage == 1:
+        device["parameters"] = w * p
+        device["gradients"] = w * p + (0.0 if layout.offload_optimizer else fp32_grad_partition)
+    elif stage == 2:
+        device["parameters"] = w * p
+        grad16 = 0.0 if layout.offload_optimizer or not half(spec) else w * p / n
+        device["gradients"] = grad16 + (0.0 if layout.offload_optimizer else fp32_grad_partition)
+        device["buffers"] = reduce_bucket
+    else:
+        device["parameters"] = w * p / n
+        device["gradients"] = 0.0 if layout.offload_optimizer else fp32_grad_partition
+        device["working"] = 2.0 * w * largest_layer
+        device["buffers"] = reduce_bucket
+    if layout.offload_optimizer:
+        host.update(states, gradients=fp32_grad_partition)
+        if layout.offload_params and stage == 3:
+            host["parameters"] = device["parameters"]
+            device["parameters"] = 0.0
+    else:
+        device.update(states)
+    return Memory(device=device, host=host, activations=activations)
