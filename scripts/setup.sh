@@ -91,6 +91,18 @@ pip_install "$TF_PACKAGE" "mpi4py==$MPI4PY_VERSION" cloudpickle psutil pyyaml pa
 # DeepSpeed's setup.py imports torch: without --no-build-isolation pip would fetch another torch
 # into the isolated build environment.
 pip_install --no-build-isolation "deepspeed==$DEEPSPEED_VERSION"
+# ZeRO-Offload's optimizer (DeepSpeedCPUAdam) is a C++ op DeepSpeed compiles on first use, into
+# ~/.cache/torch_extensions, holding a lock file. Compiled inside a job it outlasts the job's
+# timeouts (5.5 minutes on two busy cores, seen here), and a build killed with its job leaves
+# the lock behind, after which every later start waits on it forever. So it is built here,
+# once, while nothing else runs; when it is already built this only checks it (seconds).
+echo "DeepSpeed's CPU Adam op (ZeRO-Offload): building once, log in $LOG_DIR/cpu-adam-build.log"
+if ! pgrep -x ninja >/dev/null; then  # no build running: a lock left here is a dead build's
+  rm -f "${TORCH_EXTENSIONS_DIR:-$HOME/.cache/torch_extensions}"/*/cpu_adam/lock
+fi
+"$VENV/bin/python" -c "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()" \
+  >"$LOG_DIR/cpu-adam-build.log" 2>&1 \
+  || { tail -n 20 "$LOG_DIR/cpu-adam-build.log" >&2; die "building DeepSpeed's CPU Adam op failed"; }
 
 step "6/7 Horovod $HOROVOD_VERSION (PyTorch, TensorFlow, Gloo, MPI)"
 # shellcheck source=scripts/build_horovod.sh
