@@ -11,6 +11,9 @@ The reverse of `toolkit.render.deepspeed`. Every key is accounted for:
   ("auto" batch sizes or learning rate, another optimizer type, summed gradients).
 Errors come back together as one SpecError with paths under `deepspeed.`.
 
+Longer than most modules on purpose: it is the one key-by-key account of DeepSpeed's config
+schema, so the fate of every DeepSpeed key (mapped, accepted, dropped, refused) is in one place.
+
 Whatever the config holds (it is a user's file), the importer ends in the spec's own error or
 a spec: values are shown through the spec's bounded `show_value`, never compared by hashing,
 and whole-number floats (JSON's 5e8) become integers where the spec wants an integer.

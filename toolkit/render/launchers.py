@@ -20,6 +20,10 @@ Launcher notes:
 - mpirun: `--bind-to none` (ranks share few cores), `-x NAME` forwards each variable the plan
   sets, `--allow-run-as-root` only for uid 0, `--oversubscribe` only when np exceeds the slots
   (the hosts' slots, or the cores without hosts).
+
+Longer than most modules on purpose: one plan builder per launcher, read top to bottom beside
+the notes above, sharing the per-rank variable helpers; split, the notes and the builders they
+explain would sit in different files.
 """
 
 from __future__ import annotations
