@@ -181,13 +181,15 @@ def test_free_port_is_bindable() -> None:
 
 def kill_rank_1(argv: list[str], piddir: Path, *, local: bool = False) -> LaunchResult:
     """Run two ranks of the rank script under a launcher (or the toolkit's own), SIGKILL rank
-    1 once both are up, and check that the job ended with nothing left running."""
+    1 once both are up, and check that the job ended with nothing left running. Processes
+    that were already running (the session's test-cluster daemons) are not the job's."""
+    before = {child.pid for child in psutil.Process().children(recursive=True)}
     if local:
         result = in_background(lambda: run_local(argv, 2, timeout=120))
     else:
         result = in_background(lambda: run_launcher(argv, timeout=120))
     ranks = wait_for_ranks(piddir)
-    tree = psutil.Process().children(recursive=True)
+    tree = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
     os.kill(ranks[1], signal.SIGKILL)
     outcome = result()
     survivors = [p.pid for p in tree if not gone(p.pid)]
