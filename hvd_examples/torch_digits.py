@@ -32,7 +32,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--spec", required=True, help="the training spec (YAML or JSON)")
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--min-accuracy", type=float, default=0.9)
-    parser.add_argument("--save", help="write the final weights (.npz) here")
+    parser.add_argument(
+        "--save", help="save the final training state here (a checkpoint directory)"
+    )
     return parser.parse_args(argv)
 
 

@@ -33,10 +33,12 @@ import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from toolkit.checkpoint import CheckpointState
 from toolkit.errors import ToolkitError
 from toolkit.launch.environment import LaunchEnvironment
 from toolkit.sharding import LoaderPlan
@@ -48,6 +50,19 @@ LossFn = Callable[[Any, Any], Any]
 MetricFn = Callable[[Any, Any], Mapping[str, Any]]
 """(outputs, targets) -> {name: the micro-batch's sum}, e.g. loss_sum, correct, count."""
 ReduceOp = str  # "mean" | "sum"
+
+
+@dataclass(kw_only=True)
+class StateShare:
+    """This rank's part of a checkpoint (`toolkit.checkpoint`): the tensors it writes, as
+    arrays or `Fragment`s of tensors partitioned across ranks (a tensor that every rank holds
+    is written by one of them), and, on rank 0, the JSON-able rest."""
+
+    model: dict[str, Any] = field(default_factory=dict)
+    optimizer: dict[str, Any] = field(default_factory=dict)
+    arrays: dict[str, Any] = field(default_factory=dict)
+    scalars: dict[str, Any] = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)
 
 
 @runtime_checkable
@@ -142,6 +157,26 @@ class Backend(ABC):
     @abstractmethod
     def full_state_dict(self) -> dict[str, np.ndarray]:
         """The consolidated weights under the unwrapped model's names, identical on every rank."""
+
+    # -- checkpoints --------------------------------------------------------------------------
+    def capture_state(self) -> StateShare:
+        """This rank's share of the whole training state (collective: every rank calls it).
+
+        Engines that can resume override this and `restore_state`; the default saves the
+        consolidated weights only, so that `run.save` works on every engine.
+        """
+        weights = self.full_state_dict()
+        return StateShare(model=weights if self.env.rank == 0 else {})
+
+    def restore_state(self, state: CheckpointState) -> None:
+        """Continue from `state` (read whole by every rank), after `prepare`: weights,
+        optimizer state, schedule position, loss scaler and this rank's torch generator."""
+        raise ToolkitError(
+            f"resuming from a checkpoint is not implemented for backend {self.spec.backend} "
+            f"({self.spec.framework_name}) yet",
+            "set checkpoint.resume: never, or resume under a torch engine; the weights are "
+            "in the checkpoint (toolkit checkpoint export)",
+        )
 
     def shutdown(self) -> None:  # noqa: B027 - optional hook, most engines need nothing
         """Release the engine's resources; safe to call twice."""

@@ -37,8 +37,9 @@ writes are each one ToolkitError naming the file):
         .manifest, .step, .names(section), .tensors(section, names=None), .state()
     read_checkpoint(DIR or DIR/step-N) -> CheckpointState              all of it
 
-The weights-only .npz of `run.save(path)` (save_weights / load_weights) stays until the run
-API moves to this format.
+`run.save(dir)` / `run.load(dir)` write and read this format for every engine (the engines'
+side: `Backend.capture_state` / `restore_state`). save_weights / load_weights, the older
+weights-only .npz, are kept for files written before.
 """
 
 from toolkit.checkpoint.fragments import Fragment

@@ -6,6 +6,8 @@
         loss = run.train_step(micro_batches, loss_fn)
     metrics = run.evaluate(run.loader((x_test, y_test), shuffle=False), metric_fn)
     weights = run.full_state_dict()
+    run.save("ckpt")          # or every checkpoint.every_steps steps into checkpoint.dir
+    run.load("ckpt")          # after prepare; automatic when checkpoint.dir holds one
 
 `run.loader` also takes a dict (or any nesting) of arrays, a torch Dataset or IterableDataset
 (torch engines, DataLoader workers allowed) and a tf.data.Dataset (TF engines); a model that
@@ -24,30 +26,52 @@ import random
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
+from itertools import islice
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from toolkit.backends.base import Backend, Loader, LossFn, MetricFn, MicroBatch, add_metrics
 from toolkit.backends.registry import check_environment, load_backend_class
+from toolkit.checkpoint import Checkpoint, Origin, begin_save, commit_save, open_checkpoint
+from toolkit.checkpoint.layout import step_name
+from toolkit.checkpoint.state import split_optimizer_key
 from toolkit.errors import ToolkitError
 from toolkit.launch.environment import LaunchEnvironment, detect_environment
 from toolkit.launch.rank_side import join_supervisor
 from toolkit.runtime.evaluation import Metrics, micro_batch_groups, own_loss_metrics
 from toolkit.runtime.loader import ArrayLoader, refuse_unusable
 from toolkit.runtime.progress import progress
+from toolkit.runtime.resume import (
+    DataPosition,
+    announce,
+    checkpoint_to_resume,
+    host_rng_arrays,
+    restore_host_rng,
+)
 from toolkit.sharding import LoaderPlan, StepLayout
 from toolkit.spec import TrainSpec
 
 
 class Run:
-    def __init__(self, spec: TrainSpec, env: LaunchEnvironment, backend: Backend) -> None:
+    def __init__(
+        self,
+        spec: TrainSpec,
+        env: LaunchEnvironment,
+        backend: Backend,
+        resume: Checkpoint | None = None,
+    ) -> None:
         self.spec = spec
         self.env = env
         self.backend = backend
         self.step = 0
         self._bar: Any = None  # the training progress bar while run.steps() runs
         self._postfix: dict[str, str] = {}
+        self._resume = resume  # restored by prepare (toolkit.runtime.resume)
+        self._own_optimizer = True
+        self._start = DataPosition()  # where the next run.steps() begins
+        self._position = DataPosition()  # after the step last handed out by run.steps()
 
     # -- where this process stands ------------------------------------------------------------
     @property
@@ -76,7 +100,14 @@ class Run:
         return self.backend.scope()
 
     def prepare(self, model: Any, optimizer: Any | None = None) -> Any:
-        return self.backend.prepare(model, optimizer)
+        """Wrap the model for the engine; then, when this run resumes, put the checkpoint's
+        state back (see toolkit.runtime.resume for why here)."""
+        self._own_optimizer = optimizer is None
+        prepared = self.backend.prepare(model, optimizer)
+        if self._resume is not None:
+            resume, self._resume = self._resume, None
+            self.load(resume.path)
+        return prepared
 
     def layout(self) -> StepLayout:
         batch = self.spec.batch_for(self.env.world_size)
@@ -111,13 +142,23 @@ class Run:
         """Every step's micro-batches for `epochs` epochs, with a progress bar on rank 0; the
         bar shows the last step's loss and the last evaluation beside it."""
         per_epoch = loader.steps_per_epoch
+        start, self._start = self._start, DataPosition()
+        if per_epoch is not None:  # a resumed run starts where the saved one stopped
+            more, steps = divmod(start.steps, per_epoch)
+            start = DataPosition(start.epoch + more, steps)
         total = None if per_epoch is None else epochs * per_epoch
         with progress(total=total, desc=desc, enabled=self.is_main) as bar:
             self._bar = bar
+            if per_epoch is not None:
+                bar.update(min(epochs * per_epoch, start.epoch * per_epoch + start.steps))
             try:
-                for epoch in range(epochs):
+                for epoch in range(start.epoch, epochs):
                     loader.set_epoch(epoch)
-                    for micro_batches in loader:
+                    skip = start.steps if epoch == start.epoch else 0
+                    # Skipped steps are read and dropped: the order is fixed per (seed, epoch).
+                    batches = islice(iter(loader), skip, None)
+                    for index, micro_batches in enumerate(batches, start=skip):
+                        self._position = DataPosition(epoch, index + 1)
                         yield micro_batches
                         bar.update(1)
             finally:
@@ -136,6 +177,9 @@ class Run:
         loss = self.backend.train_step(micro_batches, loss_fn)
         self.step += 1
         self._show(loss=f"{loss:.4g}")
+        every = self.spec.checkpoint.every_steps
+        if every and self.step % every == 0:
+            self.save()
         return loss
 
     def evaluate(
@@ -193,14 +237,80 @@ class Run:
     def full_state_dict(self) -> dict[str, np.ndarray]:
         return self.backend.full_state_dict()
 
-    def save(self, path: str) -> None:
-        """Write the consolidated fp32 weights to `path` (.npz) atomically, from rank 0."""
-        from toolkit.checkpoint import save_weights
+    def save(self, path: str | os.PathLike[str] | None = None) -> Path:
+        """Save the whole training state as `path/step-N` (default: checkpoint.dir), every rank
+        writing what it holds, rank 0 committing it; returns the step directory.
 
-        weights = self.full_state_dict()
-        if self.is_main:
-            save_weights(path, weights, step=self.step, spec=self.spec)
+        Collective: every rank calls it. Holds full fp32 weights, optimizer state, schedule
+        position, loss scaler, every rank's random generators and the data position
+        (toolkit.checkpoint). In checkpoint.dir the newest checkpoint.keep are kept.
+        """
+        root = self._checkpoint_root(path)
+        share = self.backend.capture_state()
+        share.arrays.update(host_rng_arrays(self.rank))
+        pending = begin_save(root, self.step, rank=self.rank, ranks=self.world_size)
+        for section in ("model", "optimizer", "arrays"):
+            pending.write(section, getattr(share, section))
+        pending.finish()
         self.barrier()
+        if self.is_main:
+            origin = Origin(
+                backend=self.spec.backend,
+                framework=self.spec.framework_name,
+                world_size=self.world_size,
+                spec=self.spec.to_dict(),
+            )
+            extras = {**share.extras, "data": self._position.to_json(self.layout().global_batch)}
+            in_spec_dir = self.spec.checkpoint.dir is not None and root == Path(
+                self.spec.checkpoint.dir
+            )
+            commit_save(
+                root,
+                self.step,
+                ranks=self.world_size,
+                origin=origin,
+                scalars=share.scalars,
+                extras=extras,
+                keep=self.spec.checkpoint.keep if in_spec_dir else 0,
+            )
+        self.barrier()
+        return root / step_name(self.step)
+
+    def load(self, path: str | os.PathLike[str]) -> None:
+        """Continue from the checkpoint at `path` (a checkpoint directory, whose latest is
+        taken, or one step-N in it), saved by any engine and world size. Call after prepare;
+        the next `run.steps` starts at the saved data position."""
+        checkpoint = open_checkpoint(path)
+        self._check_optimizer(checkpoint)
+        state = checkpoint.state()
+        self.backend.restore_state(state)
+        restore_host_rng(state, self.rank)
+        self.step = state.step
+        self._start = DataPosition.from_extras(state.extras, self.layout().global_batch)
+        self._position = self._start
+
+    def _checkpoint_root(self, path: str | os.PathLike[str] | None) -> Path:
+        if path is not None:
+            return Path(path)
+        if self.spec.checkpoint.dir is None:
+            raise ToolkitError(
+                "run.save() without a path needs checkpoint.dir in the spec",
+                "pass a directory, run.save('ckpt'), or set checkpoint: {dir: ckpt}",
+            )
+        return Path(self.spec.checkpoint.dir)
+
+    def _check_optimizer(self, checkpoint: Checkpoint) -> None:
+        """A checkpoint of another optimizer's state cannot continue this one's."""
+        saved = {split_optimizer_key(name)[0] for name in checkpoint.names("optimizer")}
+        saved.discard("step")
+        expected = optimizer_slots(self.spec)
+        if self._own_optimizer and saved and saved != expected:
+            raise ToolkitError(
+                f"{checkpoint.path} holds optimizer state {sorted(saved)}, but this run's "
+                f"optimizer ({self.spec.optimizer.name}) keeps {sorted(expected)}",
+                "resume with the optimizer the checkpoint was saved with, or set "
+                "checkpoint.resume: never",
+            )
 
     # -- collectives --------------------------------------------------------------------------
     def allreduce(self, value: Any, op: str = "mean") -> Any:
@@ -235,4 +345,14 @@ def init(spec: TrainSpec, *, launcher: str | None = None, argv: Sequence[str] | 
     backend = load_backend_class(spec.backend, spec.framework_name)(spec, env)
     backend.setup()
     atexit.register(gc.collect)  # after the script's own exit handlers: atexit runs LIFO
-    return Run(spec, env, backend)
+    resume = checkpoint_to_resume(spec)
+    if resume is not None and env.rank == 0:
+        announce(resume)
+    return Run(spec, env, backend, resume)
+
+
+def optimizer_slots(spec: TrainSpec) -> set[str]:
+    """The per-parameter state the spec's optimizer keeps (torch's slot names)."""
+    if spec.optimizer.name == "sgd":
+        return {"momentum_buffer"} if spec.optimizer.momentum else set()
+    return {"exp_avg", "exp_avg_sq"}

@@ -418,10 +418,34 @@ class LaunchSpec(Section):
 
 
 class CheckpointSpec(Section):
-    """Where and how often checkpoints are written."""
+    """Where and how often checkpoints are written, and whether a run resumes from them.
 
-    dir: PathText = Field(default="checkpoints", description="Directory for checkpoints.")
+    `dir` is what switches checkpointing on: with it, `run.save()` writes there, the run saves
+    every `every_steps` optimizer steps, and a new launch resumes from its `latest` checkpoint
+    (unless `resume: never`). Without it nothing is saved or resumed behind the user's back.
+    """
+
+    dir: PathText | None = Field(
+        default=None,
+        description="Directory of checkpoints (step-N directories and a `latest` pointer); "
+        "null = no periodic saves and no automatic resume.",
+    )
     every_steps: int = Field(
-        default=0, ge=0, description="Save every N optimizer steps; 0 = only at the end."
+        default=0, ge=0, description="Save every N optimizer steps into `dir`; 0 = never."
     )
     keep: int = Field(default=3, ge=0, description="Newest checkpoints kept; 0 = keep all.")
+    resume: Literal["auto", "never"] = Field(
+        default="auto",
+        description="auto: when `dir` holds a complete checkpoint, continue from its `latest` "
+        "(weights, optimizer, schedule, RNG and data position); never: start afresh.",
+    )
+
+    @field_validator("every_steps")
+    @classmethod
+    def _periodic_saves_need_a_dir(cls, every_steps: int, info: ValidationInfo) -> int:
+        if every_steps and "dir" in info.data and info.data["dir"] is None:
+            raise field_error(
+                "needs checkpoint.dir (where to save)",
+                "set checkpoint.dir, e.g. checkpoint: {dir: ckpt, every_steps: 100}",
+            )
+        return every_steps

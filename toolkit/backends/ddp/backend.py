@@ -21,8 +21,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from toolkit.backends import torch_batches as batches
 from toolkit.backends import torch_common as common
-from toolkit.backends.base import Backend, LossFn, MetricFn, MicroBatch
+from toolkit.backends import torch_state
+from toolkit.backends.base import Backend, LossFn, MetricFn, MicroBatch, StateShare
 from toolkit.backends.torch_data import TorchData
+from toolkit.checkpoint import CheckpointState
 
 
 class DDPBackend(common.TorchCollectives, TorchData, Backend):
@@ -93,6 +95,21 @@ class DDPBackend(common.TorchCollectives, TorchData, Backend):
 
     def full_state_dict(self) -> dict[str, np.ndarray]:
         return common.numpy_state(self.model.module)
+
+    def capture_state(self) -> StateShare:
+        return torch_state.capture_replicated(
+            self.model.module, self.optimizer, rank=self.env.rank, scaler=self.scaler
+        )
+
+    def restore_state(self, state: CheckpointState) -> None:
+        torch_state.restore_replicated(
+            self.model.module,
+            self.optimizer,
+            state,
+            rank=self.env.rank,
+            scheduler=self.scheduler,
+            scaler=self.scaler,
+        )
 
     def shutdown(self) -> None:
         common.release_process_groups(self, ("model", "optimizer", "scheduler"))

@@ -46,9 +46,11 @@ from deepspeed.utils import safe_get_full_fp32_param
 
 from toolkit.backends import torch_batches as batches
 from toolkit.backends import torch_common as common
-from toolkit.backends.base import Backend, LossFn, MetricFn, MicroBatch
-from toolkit.backends.deepspeed import pipeline
+from toolkit.backends import torch_state
+from toolkit.backends.base import Backend, LossFn, MetricFn, MicroBatch, StateShare
+from toolkit.backends.deepspeed import pipeline, state
 from toolkit.backends.torch_data import TorchData
+from toolkit.checkpoint import CheckpointState
 from toolkit.errors import ToolkitError
 from toolkit.render.deepspeed import deepspeed_config
 
@@ -191,6 +193,45 @@ class DeepSpeedBackend(common.TorchCollectives, TorchData, Backend):
             with deepspeed.zero.GatheredParameters([parameter]):
                 return common.portable(parameter)
         return common.portable(parameter)
+
+    @property
+    def _partitioned(self) -> bool:
+        """ZeRO-1/2/3 or the bf16 optimizer: fp32 masters cut across ranks (deepspeed.state)."""
+        return any(
+            state.is_zero3(p) or state.is_flat_partitioned(p)
+            for p in self.engine.module.parameters()
+        )
+
+    def capture_state(self) -> StateShare:
+        if self._partitioned:
+            share = state.capture_partitioned(self.engine, rank=self.env.rank, dp_rank=self.dp_rank)
+        else:
+            share = torch_state.capture_replicated(
+                self.engine.module,
+                self.engine.optimizer,
+                rank=self.env.rank,
+                writer=self.dp_rank == 0,
+            )
+        if self.env.rank == 0:
+            share.extras.update(state.loss_scaler_extras(self.engine.optimizer))
+        return share
+
+    def restore_state(self, saved: CheckpointState) -> None:
+        engine = self.engine
+        if self._partitioned:
+            state.restore_partitioned(engine, saved, dp_rank=self.dp_rank, part=self.uses_pipeline)
+        else:
+            torch_state.restore_module(engine.module, saved, part=self.uses_pipeline)
+            torch_state.restore_optimizer(
+                engine.optimizer, engine.module, saved, part=self.uses_pipeline
+            )
+        torch_state.advance_scheduler(engine.lr_scheduler, saved.step)
+        state.restore_loss_scaler(engine.optimizer, saved.extras)
+        torch_state.restore_rng(saved, self.env.rank)
+        # The engine's own counters, as k uninterrupted steps leave them.
+        engine.global_steps = saved.step
+        engine.global_samples = saved.step * engine.train_batch_size()
+        engine.micro_steps = saved.step * engine.gradient_accumulation_steps()
 
     def shutdown(self) -> None:
         # deepspeed.comm's destroy also drops DeepSpeed's cached groups; it logs on stdout.

@@ -27,9 +27,11 @@ import torch
 
 from toolkit.backends import torch_batches as batches
 from toolkit.backends import torch_common as common
-from toolkit.backends.base import Backend, LossFn, MetricFn, MicroBatch
+from toolkit.backends import torch_state
+from toolkit.backends.base import Backend, LossFn, MetricFn, MicroBatch, StateShare
 from toolkit.backends.horovod.settings import check_world_size, export_environment
 from toolkit.backends.torch_data import TorchData
+from toolkit.checkpoint import CheckpointState
 from toolkit.errors import ToolkitError
 from toolkit.render import horovod as render_horovod
 
@@ -106,6 +108,15 @@ class HorovodTorchBackend(TorchData, Backend):
 
     def full_state_dict(self) -> dict[str, np.ndarray]:
         return common.numpy_state(self.model)
+
+    def capture_state(self) -> StateShare:
+        return torch_state.capture_replicated(self.model, self.optimizer, rank=self.env.rank)
+
+    def restore_state(self, state: CheckpointState) -> None:
+        # Every rank reads the same checkpoint, so nothing needs broadcasting.
+        torch_state.restore_replicated(
+            self.model, self.optimizer, state, rank=self.env.rank, scheduler=self.scheduler
+        )
 
     def allreduce(self, value: Any, op: str = "mean") -> Any:
         return hvd.allreduce(common.to_tensor(value), op=hvd.Average if op == "mean" else hvd.Sum)
