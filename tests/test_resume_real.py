@@ -7,7 +7,8 @@ MLP with a warmup-cosine schedule; it saves every 3 steps and the interrupted la
 after step 5, so the resumed launch repeats steps 4 and 5 from the step-3 checkpoint, as a
 crashed job would, and crosses an epoch boundary (4 steps per epoch).
 
-By default a few cases; TOOLKIT_RESUME=full runs every engine with SGD-momentum and Adam and
+By default one case of each kind (ZeRO-2 exact; ZeRO-3 on 2 ranks -> DDP on 1), six launches;
+TOOLKIT_RESUME=full runs every engine with SGD-momentum and Adam and
 more engine and world-size changes.
 """
 
@@ -119,7 +120,7 @@ def assert_resumed(result: RunOutput, saved_by: str, ranks: int) -> None:
 SAME_ENGINE = (
     [(s, o) for s in ("ddp2", "horovod2", "zero2", "zero3") for o in OPTIMIZERS]
     if FULL
-    else [("ddp2", "adam"), ("horovod2", "sgd"), ("zero2", "adam")]
+    else [("zero2", "adam")]
 )
 
 
@@ -141,7 +142,7 @@ ACROSS = (
         ("horovod2", "zero3", "sgd"),
     ]
     if FULL
-    else [("zero3", "ddp1", "adam"), ("ddp2", "zero2", "sgd")]
+    else [("zero3", "ddp1", "adam")]
 )
 
 
