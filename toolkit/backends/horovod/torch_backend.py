@@ -14,6 +14,9 @@ parameters are broadcast), so the state is broadcast only when there is some (a 
 
 Clipping must see the all-reduced gradient: `synchronize()` first, clip, then `step()` inside
 `skip_synchronize()`, as Horovod's docs prescribe.
+
+Every wait polls first (`waiting.wait_quietly`): Horovod's own wait spins a core while a peer is
+late or stalled.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from toolkit.backends import torch_common as common
 from toolkit.backends import torch_state
 from toolkit.backends.base import Backend, LossFn, MetricFn, MicroBatch, StateShare
 from toolkit.backends.horovod.settings import check_world_size, export_environment
+from toolkit.backends.horovod.waiting import pending_gradient_handles, wait_quietly
 from toolkit.backends.torch_data import TorchData
 from toolkit.checkpoint import CheckpointState
 from toolkit.errors import ToolkitError
@@ -84,6 +88,7 @@ class HorovodTorchBackend(TorchData, Backend):
                 loss = batches.micro_batch_loss(self.model, batch, loss_fn)
             (loss / count).backward()
             total += loss.detach().double()
+        wait_quietly(pending_gradient_handles(self.optimizer))
         if self.spec.clip_grad_norm > 0:
             self.optimizer.synchronize()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.clip_grad_norm)
@@ -119,10 +124,15 @@ class HorovodTorchBackend(TorchData, Backend):
         )
 
     def allreduce(self, value: Any, op: str = "mean") -> Any:
-        return hvd.allreduce(common.to_tensor(value), op=hvd.Average if op == "mean" else hvd.Sum)
+        reduce_op = hvd.Average if op == "mean" else hvd.Sum
+        handle = hvd.allreduce_async(common.to_tensor(value), op=reduce_op)
+        wait_quietly([handle])
+        return hvd.synchronize(handle)
 
     def broadcast(self, value: Any, root: int = 0) -> Any:
-        return hvd.broadcast(common.to_tensor(value), root_rank=root)
+        handle = hvd.broadcast_async(common.to_tensor(value), root_rank=root)
+        wait_quietly([handle])
+        return hvd.synchronize(handle)
 
     def barrier(self) -> None:
         hvd.barrier()
