@@ -2,8 +2,10 @@
 
 `export_weights(..., to="safetensors")` writes a plain safetensors file with the metadata
 `{"format": "pt"}` that Hugging Face `from_pretrained` expects of a `model.safetensors`;
-`to="torch"` writes `torch.save` of a dict of tensors (loadable with `weights_only=True`),
-importing torch only then. Both are written through a temporary file and a rename.
+`to="torch"` writes `torch.save` of a dict of tensors (loadable with `weights_only=True`)
+through the `save_torch` the caller passes: torch is imported only by the backends, which
+themselves import this package (so it cannot import them). Both are written through a
+temporary file and a rename.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import math
 import os
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,8 @@ from toolkit.checkpoint.tensorfile import ESCAPE_PREFIX, METADATA_KEY, write_ten
 from toolkit.errors import ToolkitError
 
 EXPORT_FORMATS = ("safetensors", "torch")
+SaveTorch = Callable[[dict[str, np.ndarray], Any], None]
+"""Writes a dict of arrays to an open binary stream in torch.save's format."""
 
 
 def summary(checkpoint: Checkpoint) -> dict[str, Any]:
@@ -58,7 +63,13 @@ def summary(checkpoint: Checkpoint) -> dict[str, Any]:
     }
 
 
-def export_weights(checkpoint: Checkpoint, out: str | os.PathLike[str], *, to: str) -> int:
+def export_weights(
+    checkpoint: Checkpoint,
+    out: str | os.PathLike[str],
+    *,
+    to: str,
+    save_torch: SaveTorch | None = None,
+) -> int:
     """Write the checkpoint's model weights to `out` as `to`; returns the tensor count."""
     if to not in EXPORT_FORMATS:
         raise ToolkitError(f"export format {to!r} is not one of {', '.join(EXPORT_FORMATS)}")
@@ -73,6 +84,11 @@ def export_weights(checkpoint: Checkpoint, out: str | os.PathLike[str], *, to: s
             f"weight {unstorable[0]!r} cannot be named so in a plain safetensors file",
             "export --to torch, or rename the weight in the model",
         )
+    if to == "torch" and save_torch is None:
+        raise ToolkitError(
+            "export --to torch needs PyTorch, which is not installed",
+            "pip install 'toolkit[torch]', or export --to safetensors",
+        )
     target = Path(out)
     if not target.parent.is_dir():
         raise ToolkitError(f"--out {out}: directory {target.parent} does not exist")
@@ -81,8 +97,8 @@ def export_weights(checkpoint: Checkpoint, out: str | os.PathLike[str], *, to: s
         with open(temporary, "xb") as stream:
             if to == "safetensors":
                 write_tensors(stream, weights, metadata={"format": "pt"})
-            else:
-                _torch_save(weights, stream)
+            elif save_torch is not None:
+                save_torch(weights, stream)
             stream.flush()
             os.fsync(stream.fileno())
         os.replace(temporary, target)
@@ -91,14 +107,3 @@ def export_weights(checkpoint: Checkpoint, out: str | os.PathLike[str], *, to: s
     finally:
         temporary.unlink(missing_ok=True)
     return len(weights)
-
-
-def _torch_save(weights: dict[str, np.ndarray], stream: Any) -> None:
-    try:
-        from toolkit.backends.torch_files import save_tensors
-    except ImportError:
-        raise ToolkitError(
-            "export --to torch needs PyTorch, which is not installed",
-            "pip install 'toolkit[torch]', or export --to safetensors",
-        ) from None
-    save_tensors(weights, stream)

@@ -16,7 +16,7 @@ import json
 from typing import Any
 
 from toolkit.checkpoint import SECTIONS, open_checkpoint
-from toolkit.checkpoint.export import EXPORT_FORMATS, export_weights, summary
+from toolkit.checkpoint.export import EXPORT_FORMATS, SaveTorch, export_weights, summary
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -63,9 +63,18 @@ def _size(count: int) -> str:
     return f"{value:.1f} GiB"
 
 
+def _torch_writer() -> SaveTorch | None:
+    try:
+        from toolkit.backends.torch_files import save_tensors
+    except ImportError:
+        return None
+    return save_tensors
+
+
 def _export(args: argparse.Namespace) -> int:
     checkpoint = open_checkpoint(args.dir)
-    count = export_weights(checkpoint, args.out, to=args.to)
+    save_torch = _torch_writer() if args.to == "torch" else None
+    count = export_weights(checkpoint, args.out, to=args.to, save_torch=save_torch)
     print(f"wrote {count} tensors of step {checkpoint.step} to {args.out} ({args.to})")
     return 0
 
