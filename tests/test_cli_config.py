@@ -176,18 +176,38 @@ def test_spec_from_deepspeed_round_trip(
     assert json.loads(out) == json.loads(ds.read_text())
 
 
-def test_spec_from_deepspeed_warns_by_name(
+def test_spec_from_deepspeed_refuses_or_records_by_name(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     ds = tmp_path / "ds.json"
     ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "scheduler": {"type": "X"}}))
     code, out, err = run(capsys, "spec", "from-deepspeed", str(ds), "--world-size", "2")
-    assert code == 0
-    assert "toolkit: warning: deepspeed.scheduler is not modeled" in err
+    assert code == 2 and out == "" and len(err.splitlines()) == 1
+    assert "scheduler=" in err and "pass --lossy to import anyway and record it" in err
+    code, out, err = run(capsys, "spec", "from-deepspeed", str(ds), "--world-size", "2", "--lossy")
+    assert code == 0 and "dropped 1 keys" in err
+    assert '#   scheduler: {"type": "X"}' in out
     assert yaml.safe_load(out)["launch"] == {"np": 2}
-    ds.write_text(json.dumps({"train_batch_size": "auto"}))
+    ds.write_text(json.dumps({"train_batch_size": "auto", "optimizer": {"params": {"lr": "auto"}}}))
     code, out, err = run(capsys, "spec", "from-deepspeed", str(ds))
-    assert code == 2 and "deepspeed.train_batch_size='auto'" in err
+    assert code == 2 and len(err.splitlines()) == 1
+    assert '"auto" needs a value at train_batch_size, optimizer.params.lr HINT' in err
+    code, out, err = run(
+        capsys,
+        "spec",
+        "from-deepspeed",
+        str(ds),
+        "--set",
+        "train_batch_size=8",
+        "--set",
+        "optimizer.params.lr=3e-5",
+        "--set",
+        "optimizer.type=AdamW",
+        "--world-size",
+        "2",
+    )
+    assert code == 0, err
+    assert yaml.safe_load(out)["optimizer"]["lr"] == 3e-5
 
 
 def test_spec_show_and_check(capsys: pytest.CaptureFixture[str], spec_file: Path) -> None:
