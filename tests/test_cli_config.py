@@ -92,6 +92,19 @@ def test_config_sbatch_and_mpijob(capsys: pytest.CaptureFixture[str], tmp_path: 
     assert "'a; rm -rf /'" in out
 
 
+def test_config_deepspeed_needs_a_world_size(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    spec = tmp_path / "s.yaml"
+    spec.write_text("backend: deepspeed\nbatch: {global: 16, micro: 2}\n")
+    code, out, err = run(capsys, "config", "deepspeed", "--spec", str(spec))
+    assert code == 2 and out == "" and len(err.splitlines()) == 1
+    assert "fixes no world size" in err and "pass --world-size N" in err
+    code, out, _ = run(capsys, "config", "deepspeed", "--spec", str(spec), "--world-size", "4")
+    assert code == 0
+    assert json.loads(out)["gradient_accumulation_steps"] == 2  # 16 = 2 x 2 x 4 ranks
+
+
 def test_config_presets_check_passes_on_the_repository(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "config", "presets", "--check", str(ROOT / "ds_configs"))
     assert (code, out) == (0, "")
@@ -103,7 +116,7 @@ def test_launch_dry_run_shows_every_rank(
     code, out, _ = run(capsys, "launch", "--spec", str(spec_file), "--dry-run", "--", "t.py", EVIL)
     assert code == 0
     assert "launcher: deepspeed (2 ranks)" in out
-    assert "--no_local_rank t.py 'a; rm -rf /'" in out
+    assert "--master_port 29500 t.py 'a; rm -rf /'" in out  # --local_rank=N comes, as natively
     assert "rank 1 on localhost:" in out and "RANK=1" in out
     code, out, _ = run(
         capsys, "launch", "--spec", str(spec_file), "--dry-run", "--json", "--", "t.py", EVIL

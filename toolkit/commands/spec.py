@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from toolkit.commands._output import add_output, emit, warn
+from toolkit.commands._output import add_output, emit, positive_ranks, warn
 from toolkit.render.deepspeed_import import Imported, spec_from_deepspeed
 from toolkit.render.deepspeed_input import apply_settings
 from toolkit.spec import dump_spec, load_spec
@@ -75,13 +75,6 @@ def _header(name: str, imported: Imported) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _positive_int(text: str) -> int:
-    """argparse type: a whole number of ranks, at least 1."""
-    if not (text.isascii() and text.isdigit() and len(text) <= 6 and int(text) >= 1):
-        raise argparse.ArgumentTypeError(f"must be a whole number of ranks >= 1, not {text[:20]!r}")
-    return int(text)
-
-
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("spec", help="check specs, import DeepSpeed configs")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -97,7 +90,7 @@ def register(subparsers: Any) -> None:
     schema.set_defaults(func=_schema)
     ds = actions.add_parser("from-deepspeed", help="turn a DeepSpeed config into a spec")
     ds.add_argument("file", help="ds_config.json")
-    ds.add_argument("--world-size", type=_positive_int, help="ranks the config was used with")
+    ds.add_argument("--world-size", type=positive_ranks, help="ranks the config was used with")
     ds.add_argument(
         "--set",
         action="append",

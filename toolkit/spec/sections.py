@@ -400,6 +400,11 @@ class LaunchSpec(Section):
         default="pdsh",
         description="How the deepspeed launcher reaches other hosts (its --launcher).",
     )
+    pass_local_rank: bool = Field(
+        default=True,
+        description="deepspeed launcher: pass --local_rank=N to the script, as native deepspeed "
+        "does; false adds --no_local_rank (ranks read LOCAL_RANK).",
+    )
     python: Annotated[str, Text("a command", "write the interpreter's path")] | None = Field(
         default=None, description="Interpreter for .py scripts; null = the one running the toolkit."
     )
