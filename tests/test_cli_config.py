@@ -92,6 +92,19 @@ def test_config_sbatch_and_mpijob(capsys: pytest.CaptureFixture[str], tmp_path: 
     assert "'a; rm -rf /'" in out
 
 
+def test_config_deepspeed_needs_a_world_size(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    spec = tmp_path / "s.yaml"
+    spec.write_text("backend: deepspeed\nbatch: {global: 16, micro: 2}\n")
+    code, out, err = run(capsys, "config", "deepspeed", "--spec", str(spec))
+    assert code == 2 and out == "" and len(err.splitlines()) == 1
+    assert "fixes no world size" in err and "pass --world-size N" in err
+    code, out, _ = run(capsys, "config", "deepspeed", "--spec", str(spec), "--world-size", "4")
+    assert code == 0
+    assert json.loads(out)["gradient_accumulation_steps"] == 2  # 16 = 2 x 2 x 4 ranks
+
+
 def test_config_presets_check_passes_on_the_repository(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "config", "presets", "--check", str(ROOT / "ds_configs"))
     assert (code, out) == (0, "")
@@ -103,7 +116,7 @@ def test_launch_dry_run_shows_every_rank(
     code, out, _ = run(capsys, "launch", "--spec", str(spec_file), "--dry-run", "--", "t.py", EVIL)
     assert code == 0
     assert "launcher: deepspeed (2 ranks)" in out
-    assert "--no_local_rank t.py 'a; rm -rf /'" in out
+    assert "--master_port 29500 t.py 'a; rm -rf /'" in out  # --local_rank=N comes, as natively
     assert "rank 1 on localhost:" in out and "RANK=1" in out
     code, out, _ = run(
         capsys, "launch", "--spec", str(spec_file), "--dry-run", "--json", "--", "t.py", EVIL
@@ -176,18 +189,38 @@ def test_spec_from_deepspeed_round_trip(
     assert json.loads(out) == json.loads(ds.read_text())
 
 
-def test_spec_from_deepspeed_warns_by_name(
+def test_spec_from_deepspeed_refuses_or_records_by_name(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     ds = tmp_path / "ds.json"
     ds.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "scheduler": {"type": "X"}}))
     code, out, err = run(capsys, "spec", "from-deepspeed", str(ds), "--world-size", "2")
-    assert code == 0
-    assert "toolkit: warning: deepspeed.scheduler is not modeled" in err
+    assert code == 2 and out == "" and len(err.splitlines()) == 1
+    assert "scheduler=" in err and "pass --lossy to import anyway and record it" in err
+    code, out, err = run(capsys, "spec", "from-deepspeed", str(ds), "--world-size", "2", "--lossy")
+    assert code == 0 and "dropped 1 keys" in err
+    assert '#   scheduler: {"type": "X"}' in out
     assert yaml.safe_load(out)["launch"] == {"np": 2}
-    ds.write_text(json.dumps({"train_batch_size": "auto"}))
+    ds.write_text(json.dumps({"train_batch_size": "auto", "optimizer": {"params": {"lr": "auto"}}}))
     code, out, err = run(capsys, "spec", "from-deepspeed", str(ds))
-    assert code == 2 and "deepspeed.train_batch_size='auto'" in err
+    assert code == 2 and len(err.splitlines()) == 1
+    assert '"auto" needs a value at train_batch_size, optimizer.params.lr HINT' in err
+    code, out, err = run(
+        capsys,
+        "spec",
+        "from-deepspeed",
+        str(ds),
+        "--set",
+        "train_batch_size=8",
+        "--set",
+        "optimizer.params.lr=3e-5",
+        "--set",
+        "optimizer.type=AdamW",
+        "--world-size",
+        "2",
+    )
+    assert code == 0, err
+    assert yaml.safe_load(out)["optimizer"]["lr"] == 3e-5
 
 
 def test_spec_show_and_check(capsys: pytest.CaptureFixture[str], spec_file: Path) -> None:

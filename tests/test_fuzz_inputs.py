@@ -30,8 +30,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from toolkit.errors import ToolkitError
 from toolkit.render.deepspeed import deepspeed_config
 from toolkit.render.deepspeed_import import spec_from_deepspeed
+from toolkit.render.deepspeed_input import apply_settings
 from toolkit.spec import SpecError, TrainSpec, load_spec
 from toolkit.spec.errors import MAX_MESSAGE_CHARS
 from toolkit.spec.load import parse_document
@@ -372,9 +374,65 @@ def test_deepspeed_configs(rng: random.Random) -> None:
             except (TypeError, ValueError, RecursionError):
                 return
             data = parse_document(text, "ds.json", root="deepspeed").data
-        spec_from_deepspeed(data, world_size=world_size)
+        spec_from_deepspeed(data, world_size=world_size, lossy=rng.random() < 0.5)
 
     only_spec_errors("deepspeed config", run)
+
+
+HF_AUTO_CONFIG = {
+    "train_batch_size": "auto",
+    "train_micro_batch_size_per_gpu": "auto",
+    "gradient_accumulation_steps": "auto",
+    "gradient_clipping": "auto",
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto"}},
+    "bf16": {"enabled": "auto"},
+    "zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"},
+}
+HF_SETTINGS = {
+    "train_batch_size": "16",
+    "train_micro_batch_size_per_gpu": "4",
+    "gradient_accumulation_steps": "2",
+    "gradient_clipping": "1.0",
+    "optimizer.params.lr": "3e-5",
+    "optimizer.params.weight_decay": "0.0",
+    "bf16.enabled": "true",
+    "zero_optimization.reduce_bucket_size": "5e8",
+}
+
+
+def setting_text(rng: random.Random, hostile: Hostile) -> str:
+    """One --set argument: a real key with a good or hostile value, or hostile text."""
+    roll = rng.randrange(4)
+    key, value = rng.choice(list(HF_SETTINGS.items()))
+    if roll == 0:
+        return key + "=" + value
+    if roll == 1:
+        return key + "=" + (json.dumps(hostile.scalar(), default=str) if rng.random() < 0.8 else "")
+    if roll == 2:
+        return str(hostile.scalar())
+    return ".".join(str(hostile.scalar()) for _ in range(rng.randrange(1, 4))) + "=1"
+
+
+@FUZZ
+@given(RANDOMS)
+def test_deepspeed_settings(rng: random.Random) -> None:
+    """`spec from-deepspeed --set KEY=VALUE`: any settings end in a spec or a one-line error."""
+    hostile = Hostile(rng)
+    settings = [key + "=" + value for key, value in HF_SETTINGS.items() if rng.random() < 0.9]
+    settings += [setting_text(rng, hostile) for _ in range(rng.randrange(4))]
+    rng.shuffle(settings)
+
+    def run() -> None:
+        try:
+            spec_from_deepspeed(apply_settings(HF_AUTO_CONFIG, settings), world_size=2)
+        except SpecError:
+            raise
+        except ToolkitError as error:  # a malformed --set: the CLI's one line, with a hint
+            line = error.one_line()
+            assert error.hint and "\n" not in line and len(line) < MAX_LINE, line[:500]
+            raise SpecError.single("--set", settings, "refused", "fuzz") from None
+
+    only_spec_errors("deepspeed --set", run)
 
 
 def test_each_target_saw_valid_and_invalid_input() -> None:

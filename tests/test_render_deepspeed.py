@@ -44,6 +44,20 @@ MATRIX: list[dict[str, Any]] = [
         "launch": {"np": 2},
     },
     {"lr_scaling": "linear", "precision": "fp16", "loss_scaling": {"loss_scale": 128.0}},
+    {"optimizer": {"name": "adam", "bias_correction": False}, "zero": {"stage": 1}},
+    {"optimizer": {"name": "script"}, "zero": {"stage": 2}},
+    {
+        "precision": "fp16",
+        "deepspeed": {
+            "zero_allow_untested_optimizer": True,
+            "zero_force_ds_cpu_optimizer": False,
+            "prescale_gradients": True,
+            "gradient_predivide_factor": 2.0,
+            "auto_cast": True,
+            "grad_accum_dtype": "fp32",
+            "communication_data_type": "fp32",
+        },
+    },
 ]
 
 
@@ -113,9 +127,16 @@ def test_deepspeed_accepts_the_config(name: str, spec: TrainSpec, world: int) ->
     assert parsed.zero_config.offload_param.device == spec.zero.offload_params
     assert parsed.float16_config.enabled == (spec.precision == "fp16")
     assert parsed.bfloat16_config.enabled == (spec.precision == "bf16")
-    assert parsed.optimizer_params["lr"] == pytest.approx(spec.effective_lr(world))
+    if spec.optimizer.name == "script":
+        assert parsed.optimizer_name is None  # the script passes its own
+    else:
+        assert parsed.optimizer_params["lr"] == pytest.approx(spec.effective_lr(world))
     assert parsed.gradient_allreduce_op == "mean"
-    assert not parsed.prescale_gradients and parsed.gradient_predivide_factor == 1.0
+    ds = spec.deepspeed
+    assert parsed.prescale_gradients == ds.prescale_gradients
+    assert parsed.gradient_predivide_factor == ds.gradient_predivide_factor
+    assert parsed.float16_config.auto_cast == (spec.precision == "fp16" and ds.auto_cast)
+    assert parsed.zero_force_ds_cpu_optimizer == ds.zero_force_ds_cpu_optimizer
 
 
 def test_no_auto_and_no_unknown_top_level_keys() -> None:
@@ -138,6 +159,13 @@ def test_adam_mode_is_explicit(name: str) -> None:
     params = deepspeed_config(spec_of({"optimizer": {"name": name}}), 2)["optimizer"]["params"]
     assert params["adam_w_mode"] is (name == "adamw")
     assert params["torch_adam"] is True
+
+
+def test_adam_without_bias_correction_runs_deepspeeds_adam() -> None:
+    """torch.optim.Adam always corrects bias and takes no such argument: DeepSpeed's own."""
+    spec = spec_of({"optimizer": {"name": "adam", "bias_correction": False}})
+    params = deepspeed_config(spec, 2)["optimizer"]["params"]
+    assert (params["torch_adam"], params["bias_correction"]) == (False, False)
 
 
 def test_clipping_is_written_even_when_off() -> None:

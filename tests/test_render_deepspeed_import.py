@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 
+from toolkit.errors import ToolkitError
 from toolkit.render.deepspeed import deepspeed_config
 from toolkit.render.deepspeed_import import spec_from_deepspeed
+from toolkit.render.deepspeed_input import apply_settings
 from toolkit.spec import SpecError, TrainSpec, load_spec
 
 PRESETS = Path(__file__).resolve().parents[1] / "ds_configs" / "specs"
@@ -75,28 +77,17 @@ def test_round_trip_keeps_every_modeled_setting(spec: TrainSpec) -> None:
         assert again.loss_scaling == spec.loss_scaling
 
 
-def test_auto_and_unmodeled_keys_are_named() -> None:
+def test_defaults_written_out_are_noted() -> None:
     imported = spec_from_deepspeed(
         {
             "train_micro_batch_size_per_gpu": 8,
             "gradient_accumulation_steps": 1,
             "optimizer": {"type": "Adam", "params": {"lr": 0.001}},
-            "scheduler": {"type": "WarmupLR", "params": {}},
-            "zero_optimization": {"stage": 2, "reduce_bucket_size": "auto", "sub_group_size": 1},
-            "tensorboard": {"enabled": True},
         },
         world_size=4,
     )
     text = "\n".join(imported.warnings)
-    for name in (
-        "deepspeed.scheduler",
-        "deepspeed.tensorboard",
-        "deepspeed.zero_optimization.reduce_bucket_size: 'auto'",
-        "deepspeed.zero_optimization.sub_group_size",
-        "gradient_clipping is missing",
-        "Adam without adam_w_mode",
-    ):
-        assert name in text
+    assert "gradient_clipping is missing" in text and "Adam without adam_w_mode" in text
     spec = imported.spec
     assert spec.clip_grad_norm == 1.0  # what DeepSpeed does when the key is missing
     assert spec.optimizer.name == "adamw"  # what DeepSpeed runs for type Adam by default
@@ -104,34 +95,121 @@ def test_auto_and_unmodeled_keys_are_named() -> None:
     assert spec.batch_for().global_ == 32
 
 
-def test_what_the_spec_cannot_express_is_an_error() -> None:
+UNMODELLED = {
+    "train_micro_batch_size_per_gpu": 8,
+    "zero_optimization": {"stage": 2, "zero_hpz_partition_size": 2},
+    "tensorboard": {"enabled": True},
+    "gradient_allreduce_op": "sum",
+    "sparse_attention": {"mode": "fixed"},
+}
+
+
+def test_unmodelled_keys_are_refused_by_their_deepspeed_names() -> None:
+    with pytest.raises(SpecError) as caught:
+        spec_from_deepspeed(UNMODELLED)
+    found = {issue.path: issue for issue in caught.value.issues}
+    assert list(found) == [
+        "zero_optimization.zero_hpz_partition_size",
+        "gradient_allreduce_op",
+        "tensorboard",
+        "sparse_attention",
+    ]
+    assert "removed from DeepSpeed" in found["sparse_attention"].allowed
+    assert all(
+        issue.hint == "pass --lossy to import anyway and record it" for issue in found.values()
+    )
+    line = caught.value.one_line()
+    assert line.startswith("deepspeed config: ") and "\n" not in line
+
+
+def test_lossy_import_records_every_dropped_key_with_its_value() -> None:
+    imported = spec_from_deepspeed(UNMODELLED, lossy=True)
+    dropped = {item.path: item.value for item in imported.dropped}
+    assert dropped == {
+        "zero_optimization.zero_hpz_partition_size": 2,
+        "gradient_allreduce_op": "sum",
+        "tensorboard": {"enabled": True},
+        "sparse_attention": {"mode": "fixed"},
+    }
+    assert imported.spec.zero.stage == 2
+
+
+def test_auto_values_are_listed_exactly() -> None:
     with pytest.raises(SpecError) as caught:
         spec_from_deepspeed(
             {
                 "train_batch_size": "auto",
-                "optimizer": {"type": "Lamb", "params": {"lr": "auto"}},
-                "gradient_allreduce_op": "sum",
-                "fp16": {"enabled": "auto"},
+                "optimizer": {"type": "AdamW", "params": {"lr": "auto", "eps": 1e-8}},
+                "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto"},
+            }
+        )
+    assert [issue.path for issue in caught.value.issues] == [
+        "train_batch_size",
+        "optimizer.params.lr",
+        "zero_optimization.reduce_bucket_size",
+    ]
+    assert caught.value.one_line().startswith(
+        'deepspeed config: "auto" needs a value at train_batch_size, optimizer.params.lr, '
+        "zero_optimization.reduce_bucket_size HINT: give each with --set KEY=VALUE"
+    )
+
+
+def test_settings_fill_auto_values() -> None:
+    config = {
+        "train_micro_batch_size_per_gpu": "auto",
+        "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
+    }
+    filled = apply_settings(
+        config,
+        ["train_micro_batch_size_per_gpu=8", "optimizer.params.lr=3e-5", "bf16.enabled=true"],
+    )
+    assert config["optimizer"]["params"]["lr"] == "auto"  # the caller's config is not changed
+    spec = spec_from_deepspeed(filled, world_size=2).spec
+    assert (spec.batch_for().micro, spec.optimizer.lr, spec.precision) == (8, 3e-5, "bf16")
+
+
+@pytest.mark.parametrize("setting", ["lr", "=3", "a..b=1", "train_batch_size.x=1"])
+def test_malformed_settings_are_one_line_errors(setting: str) -> None:
+    with pytest.raises(ToolkitError) as caught:
+        apply_settings({"train_batch_size": 8}, [setting])
+    assert "--set" in caught.value.one_line() and caught.value.hint
+
+
+def test_what_the_spec_cannot_express_is_an_error() -> None:
+    with pytest.raises(SpecError) as caught:
+        spec_from_deepspeed(
+            {
+                "optimizer": {"type": "Lamb", "params": {"lr": 0.1}},
+                "fp16": {"enabled": "yes"},
+                "scheduler": {"type": "OneCycle", "params": {}},
             }
         )
     paths = [issue.path for issue in caught.value.issues]
-    assert paths == [
-        "deepspeed.optimizer.params.lr",
-        "deepspeed.optimizer.type",
-        "deepspeed.fp16.enabled",
-        "deepspeed.train_batch_size",
-        "deepspeed.gradient_allreduce_op",
-    ]
+    assert paths == ["fp16.enabled", "optimizer", "scheduler"]
 
 
-def test_imported_values_are_still_validated() -> None:
-    with pytest.raises(SpecError, match=r"zero\.offload_params"):
+def test_spec_refusals_name_the_deepspeed_key() -> None:
+    with pytest.raises(SpecError) as caught:
         spec_from_deepspeed(
             {
                 "train_micro_batch_size_per_gpu": 1,
-                "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}},
+                "zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}},
             }
         )
+    assert [issue.path for issue in caught.value.issues] == [
+        "zero_optimization.offload_optimizer.device"
+    ]
+
+
+def test_offload_param_below_stage_3_is_what_deepspeed_does_with_it() -> None:
+    imported = spec_from_deepspeed(
+        {
+            "train_micro_batch_size_per_gpu": 1,
+            "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}},
+        }
+    )
+    assert imported.spec.zero.offload_params == "none"
+    assert any("ignores it at stage 2" in note for note in imported.warnings)
 
 
 def test_json_whole_number_floats_are_integers() -> None:
@@ -169,13 +247,14 @@ def test_odd_configs_end_in_a_spec_error(config: object) -> None:
     assert "\n" not in caught.value.one_line() and len(caught.value.one_line()) < 8000
 
 
-def test_warnings_show_huge_values_shortened() -> None:
+def test_lossy_comments_show_huge_values_shortened() -> None:
     imported = spec_from_deepspeed(
         {
             "train_micro_batch_size_per_gpu": 1,
-            "prescale_gradients": [1] * 10**5,
-            "communication_data_type": "x" * 10**6,
-        }
+            "flops_profiler": [1] * 10**5,
+            "comms_logger": "x" * 10**6,
+        },
+        lossy=True,
     )
-    assert len(imported.warnings) >= 2
-    assert all(len(message) < 300 for message in imported.warnings)
+    comments = [item.comment() for item in imported.dropped]
+    assert len(comments) == 2 and all(len(text) < 2200 for text in comments)

@@ -122,8 +122,11 @@ def test_deepspeed_launcher_argv_and_hostfile(tmp_path: Path) -> None:
     assert single.files == {}
     assert single.argv is not None
     args = runner.parse_args(single.argv[1:])
-    assert (args.num_gpus, args.master_addr, args.no_local_rank) == (2, "127.0.0.1", True)
+    # Like native deepspeed, the script gets --local_rank=N unless the spec opts out.
+    assert (args.num_gpus, args.master_addr, args.no_local_rank) == (2, "127.0.0.1", False)
     assert [args.user_script, *args.user_args] == COMMAND
+    opted_out = plan({"backend": "deepspeed", "launch": {"np": 2, "pass_local_rank": False}})
+    assert opted_out.argv is not None and runner.parse_args(opted_out.argv[1:]).no_local_rank
 
     multi = plan({"backend": "deepspeed", "launch": {"hosts": ["node1:4", "node-2.lan:4"]}})
     assert multi.argv is not None

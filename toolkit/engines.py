@@ -108,6 +108,9 @@ class Engine:
     """Runs ZeRO partitioning (spec `zero.stage` above 0)."""
     pipeline: bool = False
     """Runs pipeline parallelism (spec `pipeline.stages` above 1)."""
+    deepspeed_settings: bool = False
+    """Honours the spec's `deepspeed` section (pre-division, auto_cast, accumulation and
+    communication dtypes) and Adam without bias correction (`optimizer.bias_correction`)."""
     controllers: tuple[Controller, ...] = ()
     """Controllers it can coordinate its ranks with (spec `horovod.controller`); empty when it
     has no such choice. Which one a launcher implies: `controllers_under`."""
@@ -159,6 +162,7 @@ ENGINES: tuple[Engine, ...] = (
         standalone_environments=("torch_env", "single"),
         zero=True,
         pipeline=True,
+        deepspeed_settings=True,
     ),
     # Horovod's Gloo controller needs the rendezvous server horovodrun starts; under mpirun its
     # ranks are MPI processes and take the MPI controller. srun would need a PMI-enabled MPI

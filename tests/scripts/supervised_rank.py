@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from toolkit.launch import detect_environment, join_supervisor
+from toolkit.launch import detect_environment, join_supervisor, split_local_rank_arg
 
 
 def main(piddir: str, action: str, *args: str) -> int:
@@ -43,4 +43,4 @@ def main(piddir: str, action: str, *args: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:]))
+    sys.exit(main(*split_local_rank_arg(sys.argv[1:])[0]))

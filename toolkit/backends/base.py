@@ -217,3 +217,17 @@ def add_metrics(
         )
     for name, value in metrics.items():
         totals[str(name)] = totals.get(str(name), 0.0) + to_float(value)
+
+
+SCRIPT_OPTIMIZER = "script"
+"""optimizer.name meaning "the script passes its own optimizer to `run.prepare`"."""
+
+
+def refuse_missing_script_optimizer(spec: TrainSpec) -> None:
+    """A spec whose optimizer is the script's own, reached without one: a ToolkitError."""
+    if spec.optimizer.name == SCRIPT_OPTIMIZER:
+        raise ToolkitError(
+            "optimizer.name=script: the spec says the script brings its own optimizer, but "
+            "run.prepare(model) got none",
+            "pass it: run.prepare(model, optimizer), or name one in the spec's optimizer.name",
+        )

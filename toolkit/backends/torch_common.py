@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.optim.lr_scheduler import LambdaLR
 
+from toolkit.backends.base import refuse_missing_script_optimizer
 from toolkit.engines import MPI_ENVIRONMENTS
 from toolkit.errors import ToolkitError
 from toolkit.launch.environment import LaunchEnvironment
@@ -63,6 +64,7 @@ def build_optimizer(params: Any, spec: TrainSpec, lr: float) -> torch.optim.Opti
     `foreach=False` fixes the per-parameter loop implementation on every engine, so that two
     engines never differ by which kernel torch picked.
     """
+    refuse_missing_script_optimizer(spec)
     opt = spec.optimizer
     if opt.name == "sgd":
         return torch.optim.SGD(

@@ -17,6 +17,13 @@ def add_spec(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec", required=True, metavar="FILE", help="the spec (YAML or JSON)")
 
 
+def positive_ranks(text: str) -> int:
+    """argparse type: a whole number of ranks, at least 1."""
+    if not (text.isascii() and text.isdigit() and len(text) <= 6 and int(text) >= 1):
+        raise argparse.ArgumentTypeError(f"must be a whole number of ranks >= 1, not {text[:20]!r}")
+    return int(text)
+
+
 def emit(text: str, output: str | None) -> None:
     """Print `text`, or write it to `output`."""
     if not text.endswith("\n"):

@@ -18,7 +18,8 @@ from typing import Any
 
 import yaml
 
-from toolkit.commands._output import add_output, add_spec, emit
+from toolkit.commands._output import add_output, add_spec, emit, positive_ranks
+from toolkit.errors import ToolkitError
 from toolkit.render import horovod, tf
 from toolkit.render.deepspeed import deepspeed_config
 from toolkit.render.hostfile import hostfile
@@ -29,7 +30,18 @@ from toolkit.spec import load_spec
 
 
 def _deepspeed(args: argparse.Namespace) -> str:
-    return json.dumps(deepspeed_config(load_spec(args.spec), args.world_size), indent=2)
+    """Required, not assumed: a DeepSpeed config fixes train_batch_size for one world size and
+    DeepSpeed refuses it at start under any other, so rendering for a guessed 1 rank would only
+    move the error from here to the job. The spec's launch.np (or hosts) or --world-size says."""
+    spec = load_spec(args.spec)
+    world = args.world_size or spec.fixed_world_size
+    if world is None:
+        raise ToolkitError(
+            "config deepspeed: the spec fixes no world size (launch.np and launch.hosts unset), "
+            "and a DeepSpeed config's batch sizes hold for one world size",
+            "pass --world-size N (the ranks deepspeed will start), or set launch.np",
+        )
+    return json.dumps(deepspeed_config(spec, world), indent=2)
 
 
 def _horovod(args: argparse.Namespace) -> str:
@@ -84,7 +96,11 @@ def register(subparsers: Any) -> None:
         return sub
 
     ds = kind("deepspeed", "DeepSpeed config JSON", _deepspeed)
-    ds.add_argument("--world-size", type=int, help="ranks to render for (default: launch.np)")
+    ds.add_argument(
+        "--world-size",
+        type=positive_ranks,
+        help="ranks to render for (default: launch.np; required without it)",
+    )
     hvd = kind("horovod", "horovodrun --config-file YAML", _horovod)
     hvd.add_argument("--env", action="store_true", help="print HOROVOD_* variables instead")
     tf_parser = kind("tf", "TF_CONFIG per worker and communication options", _tf)

@@ -3,9 +3,11 @@
 toolkit spec check train.yaml                 one line: valid, and what it resolves to
 toolkit spec show train.yaml                  the full spec with every default, as YAML
 toolkit spec schema [-o FILE]                 the spec's JSON Schema (docs/spec.schema.json)
-toolkit spec from-deepspeed ds.json [-o F] [--world-size N]
-    a spec from an existing DeepSpeed config; dropped, "auto" or defaulted keys are
-    warned about on stderr by name, and what the spec cannot express is an error
+toolkit spec from-deepspeed ds.json [-o F] [--world-size N] [--set KEY=VALUE ...] [--lossy]
+    a spec from an existing DeepSpeed config. Every key is carried into the spec or refused
+    by name (exit 2); --lossy imports anyway and lists each dropped key, with its value, in a
+    comment block at the top of the spec. --set fills Hugging Face's "auto" values (a dotted
+    DeepSpeed key, e.g. --set optimizer.params.lr=3e-5). Defaults written out are noted on stderr.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from toolkit.commands._output import add_output, emit, warn
-from toolkit.render.deepspeed_import import spec_from_deepspeed
+from toolkit.commands._output import add_output, emit, positive_ranks, warn
+from toolkit.render.deepspeed_import import Imported, spec_from_deepspeed
+from toolkit.render.deepspeed_input import apply_settings
 from toolkit.spec import dump_spec, load_spec
 from toolkit.spec.load import read_document
 from toolkit.spec.schema import schema_text
@@ -53,22 +56,23 @@ def _from_deepspeed(args: argparse.Namespace) -> int:
     config = read_document(
         args.file, what="DeepSpeed config", field="deepspeed", limit=DEEPSPEED_CONFIG_LIMIT
     )
-    imported = spec_from_deepspeed(config.data, world_size=args.world_size)
+    data = apply_settings(config.data, args.set)
+    imported = spec_from_deepspeed(data, world_size=args.world_size, lossy=args.lossy)
     for message in imported.warnings:
         warn(message)
-    emit(
-        f"# Imported from {args.file} by `toolkit spec from-deepspeed`.\n"
-        + dump_spec(imported.data),
-        args.output,
-    )
+    name = args.file if args.file.isprintable() else repr(args.file)
+    emit(_header(name, imported) + dump_spec(imported.data), args.output)
     return 0
 
 
-def _positive_int(text: str) -> int:
-    """argparse type: a whole number of ranks, at least 1."""
-    if not (text.isascii() and text.isdigit() and len(text) <= 6 and int(text) >= 1):
-        raise argparse.ArgumentTypeError(f"must be a whole number of ranks >= 1, not {text[:20]!r}")
-    return int(text)
+def _header(name: str, imported: Imported) -> str:
+    """The comment block on top of an imported spec: where from, and what was dropped."""
+    lines = [f"# Imported from {name} by `toolkit spec from-deepspeed`."]
+    if imported.dropped:
+        lines.append("# --lossy: these DeepSpeed keys were NOT carried into this spec:")
+        lines += [f"#   {item.comment()}" for item in imported.dropped]
+        warn(f"--lossy: dropped {len(imported.dropped)} keys, listed at the top of the spec")
+    return "\n".join(lines) + "\n"
 
 
 def register(subparsers: Any) -> None:
@@ -86,6 +90,18 @@ def register(subparsers: Any) -> None:
     schema.set_defaults(func=_schema)
     ds = actions.add_parser("from-deepspeed", help="turn a DeepSpeed config into a spec")
     ds.add_argument("file", help="ds_config.json")
-    ds.add_argument("--world-size", type=_positive_int, help="ranks the config was used with")
+    ds.add_argument("--world-size", type=positive_ranks, help="ranks the config was used with")
+    ds.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help='set a DeepSpeed key first (fills "auto"); repeatable',
+    )
+    ds.add_argument(
+        "--lossy",
+        action="store_true",
+        help="import keys the spec does not model anyway, listing them in the spec",
+    )
     add_output(ds)
     ds.set_defaults(func=_from_deepspeed)

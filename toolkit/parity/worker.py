@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from toolkit.datasets import digits
+from toolkit.launch.environment import split_local_rank_arg
 from toolkit.parity.architectures import initial_weights, inputs_for
 from toolkit.schedule import lr_ratio
 from toolkit.sharding import StepLayout, epoch_order, micro_batch_indices
@@ -164,7 +165,7 @@ def engine_run(spec: TrainSpec, arch: str, steps: int) -> tuple[list[float], dic
 
 
 def main() -> int:
-    args = parse_args(sys.argv[1:])
+    args = parse_args(split_local_rank_arg(sys.argv[1:])[0])  # the deepspeed launcher's
     spec = TrainSpec.from_dict(json.loads(Path(args.spec).read_text()))
     if args.reference == "torch":
         losses, weights, write = *reference_torch(spec, args.arch, args.steps), True

@@ -16,6 +16,11 @@ sub-models in tests/test_render_deepspeed.py. Findings that shape it:
   optimizer offload DeepSpeed insists on `DeepSpeedCPUAdam` (`zero_force_ds_cpu_optimizer`,
   default true, rejects a torch optimizer), so offload writes `torch_adam: false`; CPU Adam
   implements the same update (bias-corrected, fp32 states).
+- `bias_correction: false` (BERT's Adam) is an argument of DeepSpeed's own Adam (FusedAdam, CPU
+  Adam), not of torch's, which always corrects: it is rendered with `torch_adam: false`.
+- `optimizer.name: script` renders no optimizer section: the script passes its own to
+  `deepspeed.initialize`. The `deepspeed` section's keys (guard flags, pre-division, auto_cast,
+  dtypes) are rendered as written, e.g. Megatron's `zero_allow_untested_optimizer: true`.
 - "SGD" is not one of DeepSpeed's named optimizers: the engine falls back to
   `getattr(torch.optim, type)`, so the type must be spelled "SGD". torch.optim.SGD is not in
   ZeRO's tested list, so ZeRO stages > 0 need `zero_allow_untested_optimizer: true`.
@@ -36,12 +41,25 @@ from typing import Any
 from toolkit.schedule import deepspeed_scheduler
 from toolkit.spec import TrainSpec
 
-_DTYPE = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}
+SCRIPT_OPTIMIZER = "script"
+"""optimizer.name for "the script passes its own optimizer": no optimizer section."""
 
 
-def optimizer_section(spec: TrainSpec, lr: float) -> dict[str, Any]:
-    """DeepSpeed's "optimizer" block for the spec's optimizer at learning rate `lr`."""
+def _allow_untested(spec: TrainSpec) -> bool:
+    """zero_allow_untested_optimizer: as the spec says, else true only where the spec's own
+    optimizer needs it (torch.optim.SGD is not in ZeRO's tested list)."""
+    written = spec.deepspeed.zero_allow_untested_optimizer
+    if written is not None:
+        return written
+    return spec.optimizer.name == "sgd" and spec.zero.stage > 0
+
+
+def optimizer_section(spec: TrainSpec, lr: float) -> dict[str, Any] | None:
+    """DeepSpeed's "optimizer" block for the spec's optimizer at learning rate `lr`; None when
+    the script brings its own optimizer (optimizer.name script)."""
     opt = spec.optimizer
+    if opt.name == SCRIPT_OPTIMIZER:
+        return None
     if opt.name == "sgd":
         return {
             "type": "SGD",
@@ -53,17 +71,20 @@ def optimizer_section(spec: TrainSpec, lr: float) -> dict[str, Any]:
                 "nesterov": opt.nesterov,
             },
         }
-    return {
-        "type": "AdamW" if opt.name == "adamw" else "Adam",
-        "params": {
-            "lr": lr,
-            "betas": list(opt.betas),
-            "eps": opt.eps,
-            "weight_decay": opt.weight_decay,
-            "adam_w_mode": opt.name == "adamw",
-            "torch_adam": spec.zero.offload_optimizer == "none",
-        },
+    # torch's Adam always corrects bias (and takes no such argument): without bias correction
+    # DeepSpeed's own Adam (FusedAdam, or CPU Adam under offload) runs, told so explicitly.
+    torch_adam = spec.zero.offload_optimizer == "none" and opt.bias_correction
+    params: dict[str, Any] = {
+        "lr": lr,
+        "betas": list(opt.betas),
+        "eps": opt.eps,
+        "weight_decay": opt.weight_decay,
+        "adam_w_mode": opt.name == "adamw",
+        "torch_adam": torch_adam,
     }
+    if not torch_adam:
+        params["bias_correction"] = opt.bias_correction
+    return {"type": "AdamW" if opt.name == "adamw" else "Adam", "params": params}
 
 
 def _offload(device: str, spec: TrainSpec) -> dict[str, Any]:
@@ -88,6 +109,7 @@ def zero_section(spec: TrainSpec) -> dict[str, Any]:
         "round_robin_gradients": False,
         "offload_optimizer": _offload(zero.offload_optimizer, spec),
         "offload_param": _offload(zero.offload_params, spec),
+        "sub_group_size": zero.sub_group_size,
         "stage3_prefetch_bucket_size": zero.stage3_prefetch_bucket_size,
         "stage3_param_persistence_threshold": zero.stage3_param_persistence_threshold,
         "stage3_max_live_parameters": zero.stage3_max_live_parameters,
@@ -100,7 +122,8 @@ def deepspeed_config(spec: TrainSpec, world_size: int | None = None) -> dict[str
     """The ds_config dict for `world_size` ranks (default: the spec's launch.np)."""
     batch = spec.batch_for(world_size)
     scaling = spec.loss_scaling
-    dtype = _DTYPE[spec.precision]
+    dtype = spec.precision
+    ds = spec.deepspeed
     config: dict[str, Any] = {
         "train_batch_size": batch.global_,
         "train_micro_batch_size_per_gpu": batch.micro,
@@ -109,7 +132,7 @@ def deepspeed_config(spec: TrainSpec, world_size: int | None = None) -> dict[str
         "optimizer": optimizer_section(spec, spec.effective_lr(world_size)),
         "fp16": {
             "enabled": spec.precision == "fp16",
-            "auto_cast": False,
+            "auto_cast": ds.auto_cast,
             "loss_scale": scaling.loss_scale,
             "initial_scale_power": scaling.initial_scale_power,
             "loss_scale_window": scaling.loss_scale_window,
@@ -119,13 +142,13 @@ def deepspeed_config(spec: TrainSpec, world_size: int | None = None) -> dict[str
         },
         "bf16": {"enabled": spec.precision == "bf16"},
         "zero_optimization": zero_section(spec),
-        "zero_allow_untested_optimizer": spec.optimizer.name == "sgd" and spec.zero.stage > 0,
-        "zero_force_ds_cpu_optimizer": True,
+        "zero_allow_untested_optimizer": _allow_untested(spec),
+        "zero_force_ds_cpu_optimizer": ds.zero_force_ds_cpu_optimizer,
         "gradient_allreduce_op": "mean",
-        "prescale_gradients": False,
-        "gradient_predivide_factor": 1.0,
-        "communication_data_type": dtype,
-        "data_types": {"grad_accum_dtype": dtype},
+        "prescale_gradients": ds.prescale_gradients,
+        "gradient_predivide_factor": ds.gradient_predivide_factor,
+        "communication_data_type": ds.communication_data_type or dtype,
+        "data_types": {"grad_accum_dtype": ds.grad_accum_dtype or dtype},
         "pipeline": {
             "stages": spec.pipeline.stages,
             "partition": spec.pipeline.partition,
@@ -137,6 +160,8 @@ def deepspeed_config(spec: TrainSpec, world_size: int | None = None) -> dict[str
         "steps_per_print": spec.log_every_steps,
         "wall_clock_breakdown": False,
     }
+    if config["optimizer"] is None:
+        del config["optimizer"]  # the script passes its own to deepspeed.initialize
     # DeepSpeed's own scheduler only where its formula is the spec's (toolkit.schedule);
     # otherwise the backend hands DeepSpeed a scheduler to step.
     scheduler = deepspeed_scheduler(spec.schedule, spec.effective_lr(world_size))

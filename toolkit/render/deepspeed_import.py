@@ -1,35 +1,49 @@
 """An existing DeepSpeed config -> spec data, so teams with ds_config.json files can adopt.
 
-The reverse of `toolkit.render.deepspeed`. Every key is accounted for:
-- mapped onto the spec (batch, optimizer, clipping, precision, loss scaling, ZeRO, pipeline);
-- accepted silently when it holds the value the toolkit writes anyway (e.g. reduce_scatter
-  true, gradient_allreduce_op "mean");
-- reported as a warning when the spec does not model it and it is dropped (scheduler,
-  monitors, ...), or when a value was "auto" or missing and a default is written instead
-  (notably a missing gradient_clipping, which DeepSpeed treats as 1.0);
-- reported as an error when the spec cannot express what the config does to the math
-  ("auto" batch sizes or learning rate, another optimizer type, summed gradients).
-Errors come back together as one SpecError with paths under `deepspeed.`.
+The reverse of `toolkit.render.deepspeed`, with no silent path. Every key of the config is:
+- modelled: mapped onto the spec (batch, optimizer with bias correction or "the script's own",
+  clipping, precision, loss scaling, ZeRO, pipeline, DeepSpeed's WarmupLR / WarmupDecayLR
+  schedules, and the `deepspeed` section: guard flags, pre-division, auto_cast, dtypes);
+- or accepted because it holds what the toolkit writes anyway (reduce_scatter true,
+  gradient_allreduce_op "mean"), or what DeepSpeed itself ignores (offload_param below ZeRO
+  stage 3, which only stage 3 reads);
+- or dropped: not modelled (monitors, other optimizers, log warmups, ...) or removed from
+  DeepSpeed. A dropped key is an error naming it (`deepspeed_input.Report.strict_issues`), unless
+  the caller asks for a lossy import, which records each dropped key with its value.
+"auto" values (Hugging Face's placeholders) must all be filled first (`--set`).
 
-Longer than most modules on purpose: it is the one key-by-key account of DeepSpeed's config
-schema, so the fate of every DeepSpeed key (mapped, accepted, dropped, refused) is in one place.
+Errors name DeepSpeed's keys as written in the config (`zero_optimization.stage`), also when
+the spec refuses an imported value: `_Build` remembers which config key each spec field came
+from. Defaults are DeepSpeed's own (a missing gradient_clipping clips at 1.0; type Adam without
+adam_w_mode runs AdamW), written out explicitly and noted.
 
-Whatever the config holds (it is a user's file), the importer ends in the spec's own error or
-a spec: values are shown through the spec's bounded `show_value`, never compared by hashing,
-and whole-number floats (JSON's 5e8) become integers where the spec wants an integer.
+Whatever the config holds (it is a user's file), the importer ends in a ToolkitError or a spec:
+values are shown through the spec's bounded `show_value`, and whole-number floats (JSON's 5e8)
+become integers where the spec wants an integer.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from toolkit.render.deepspeed_input import (
+    AutoValuesError,
+    ConfigReader,
+    DeepSpeedConfigError,
+    Dropped,
+    Report,
+    auto_paths,
+)
 from toolkit.spec import SpecError, SpecIssue, TrainSpec
 from toolkit.spec.errors import show_value
 
-AUTO = "auto"
+ADAM_TYPES = ("adam", "adamw")
+DEEPSPEED_SECTION = "deepspeed"
+"""The spec section holding DeepSpeed-only keys (toolkit.spec.deepspeed_section)."""
+DTYPES = {"fp32": "fp32", "float32": "fp32", "fp16": "fp16", "float16": "fp16", "half": "fp16"}
+DTYPES |= {"bf16": "bf16", "bfloat16": "bf16"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,129 +55,32 @@ class Imported:
     spec: TrainSpec
     """That data, validated."""
     warnings: list[str]
-    """Keys dropped or defaulted, each naming the key."""
+    """Notes on defaults written out and keys DeepSpeed ignores; nothing here changes the math."""
+    dropped: list[Dropped]
+    """Keys not carried into the spec (only in a lossy import; a strict one refuses them)."""
 
 
-class _Reader:
-    """Reads one mapping of the config, remembering which keys were used."""
+class _Build:
+    """Spec data under construction, remembering the config key behind each spec field."""
 
-    def __init__(self, data: Any, path: str, out: _Report) -> None:
-        self.path = path
-        self.out = out
-        if data is None:
-            data = {}
-        if not isinstance(data, Mapping):
-            out.error(path, data, "must be a mapping", hint="write it as a JSON object {...}")
-            data = {}
-        self.data = dict(data)
-        self.used: set[str] = set()
-
-    def has(self, key: str) -> bool:
-        return key in self.data
-
-    def get(self, key: str, default: Any = None, *, required: bool = False) -> Any:
-        """The value, or `default` (with a warning for "auto"; an error if required)."""
-        self.used.add(key)
-        if key not in self.data:
-            return default
-        value = self.data[key]
-        if value == AUTO:
-            if required:
-                self.out.error(
-                    f"{self.path}.{key}",
-                    value,
-                    "must be given explicitly, not auto",
-                    hint="write the value your job uses in place of auto",
-                )
-            else:
-                self.out.warn(f"{self.path}.{key}: 'auto' is not supported; wrote {default!r}")
-            return default
-        return value
-
-    def get_int(self, key: str, default: Any = None, *, required: bool = False) -> Any:
-        """`get` for a key the spec holds as an integer: 5e8 (JSON's way) becomes 500000000."""
-        return _whole(self.get(key, default, required=required))
-
-    def expect(self, key: str, value: Any) -> None:
-        """A key the toolkit always writes as `value`: accepted if equal, else warned."""
-        self.used.add(key)
-        if key in self.data and self.data[key] != value:
-            self.out.warn(
-                f"{self.path}.{key}={show_value(self.data[key])} is not modeled; "
-                f"the toolkit writes {value!r}"
-            )
-
-    def sub(self, key: str) -> _Reader:
-        self.used.add(key)
-        return _Reader(self.data.get(key), f"{self.path}.{key}", self.out)
-
-    def finish(self) -> None:
-        for key in self.data:
-            if key not in self.used:
-                self.out.warn(f"{self.path}.{_name(key)} is not modeled by the spec; dropped")
-
-
-class _Report:
     def __init__(self) -> None:
-        self.errors: list[SpecIssue] = []
-        self.warnings: list[str] = []
+        self.data: dict[str, Any] = {"backend": "deepspeed"}
+        self.origin: dict[str, str] = {}
 
-    def error(self, path: str, value: Any, allowed: str, hint: str) -> None:
-        self.errors.append(SpecIssue(path=path, value=value, allowed=allowed, hint=hint))
+    def put(self, spec_path: str, ds_path: str, value: Any) -> None:
+        *sections, key = spec_path.split(".")
+        node = self.data
+        for section in sections:
+            node = node.setdefault(section, {})
+        node[key] = value
+        self.origin[spec_path] = ds_path
 
-    def warn(self, message: str) -> None:
-        self.warnings.append(message)
-
-
-def _optimizer(ds: _Reader, out: _Report) -> dict[str, Any] | None:
-    if not ds.has("optimizer"):
-        ds.used.add("optimizer")
-        out.warn("deepspeed.optimizer is missing (the script passes its own); wrote the default")
-        return None
-    section = ds.sub("optimizer")
-    params = section.sub("params")
-    kind_value = section.get("type", "")
-    kind = kind_value.lower() if isinstance(kind_value, str) else ""
-    result: dict[str, Any] = {"name": kind, "lr": params.get("lr", required=True)}
-    if kind in ("adam", "adamw"):
-        adam_w_mode = params.get("adam_w_mode")
-        torch_adam = params.get("torch_adam", False)
-        name = "adamw" if kind == "adamw" or adam_w_mode is not False else "adam"
-        if kind == "adam" and adam_w_mode is None:
-            out.warn(
-                "deepspeed.optimizer: type Adam without adam_w_mode runs AdamW in DeepSpeed "
-                "(decoupled weight decay); wrote optimizer.name: adamw"
-            )
-        result["name"] = name
-        result["betas"] = params.get("betas", [0.9, 0.999])
-        result["eps"] = params.get("eps", 1e-8)
-        # Defaults of the optimizer DeepSpeed builds: torch.optim.AdamW decays 0.01, the rest 0.
-        result["weight_decay"] = params.get(
-            "weight_decay", 0.01 if torch_adam and name == "adamw" else 0.0
-        )
-        params.expect("amsgrad", False)
-        params.expect("bias_correction", True)
-    elif kind == "sgd":
-        result["name"] = "sgd"
-        result["momentum"] = params.get("momentum", 0.0)
-        result["weight_decay"] = params.get("weight_decay", 0.0)
-        result["nesterov"] = params.get("nesterov", False)
-        params.expect("dampening", 0.0)
-    else:
-        out.error(
-            "deepspeed.optimizer.type",
-            section.data.get("type"),
-            "allowed Adam, AdamW, SGD",
-            hint="the spec models sgd, adam and adamw",
-        )
-    params.finish()
-    section.finish()
-    return result
-
-
-def _name(key: Any) -> str:
-    """A config key for a message (keys of a parsed JSON file are strings; others are shown)."""
-    return key if isinstance(key, str) else show_value(key)
+    def ds_issue(self, issue: SpecIssue) -> SpecIssue:
+        """`issue` named by the config key its field came from (the longest known prefix)."""
+        path = issue.path
+        while path and path not in self.origin:
+            path = path.rpartition(".")[0]
+        return replace(issue, path=self.origin[path]) if path else issue
 
 
 def _whole(value: Any) -> Any:
@@ -173,108 +90,264 @@ def _whole(value: Any) -> Any:
     return value
 
 
-def _offload(zero: _Reader, key: str, deprecated: str) -> tuple[str, bool | None, Any]:
+def _copy(out: _Build, reader: ConfigReader, names: dict[str, str], *, whole: bool) -> None:
+    """Each config key of `names` that is present -> its spec path."""
+    for key, spec_path in names.items():
+        if reader.has(key):
+            value = reader.get(key)
+            out.put(spec_path, reader.at(key), _whole(value) if whole else value)
+
+
+def _optimizer(ds: ConfigReader, out: _Build, report: Report) -> None:
+    if not ds.has("optimizer"):
+        out.put("optimizer.name", "optimizer", "script")
+        report.note("no optimizer section: optimizer.name script (the script passes its own)")
+        return
+    section = ds.sub("optimizer")
+    params = section.sub("params")
+    kind_value = section.get("type", "")
+    kind = kind_value.lower() if isinstance(kind_value, str) else ""
+    if kind not in (*ADAM_TYPES, "sgd"):
+        # Nothing of it is kept: the lossy spec says the script must bring the optimizer.
+        out.put("optimizer.name", "optimizer.type", "script")
+        report.drop(
+            "optimizer", section.data, "optimizer type not modelled (allowed Adam, AdamW, SGD)"
+        )
+        return
+    adam_w_mode = params.get("adam_w_mode") if kind in ADAM_TYPES else None
+    name = (
+        kind
+        if kind == "sgd"
+        else "adamw"
+        if kind == "adamw" or adam_w_mode is not False
+        else "adam"
+    )
+    out.put("optimizer.name", section.at("type"), name)
+    _copy(
+        out, params, {"lr": "optimizer.lr", "weight_decay": "optimizer.weight_decay"}, whole=False
+    )
+    if kind in ADAM_TYPES:
+        torch_adam = params.get("torch_adam", False)
+        if kind == "adam" and adam_w_mode is None:
+            report.note("optimizer type Adam without adam_w_mode runs AdamW in DeepSpeed: adamw")
+        names = {"betas": "optimizer.betas", "eps": "optimizer.eps"}
+        _copy(out, params, names | {"bias_correction": "optimizer.bias_correction"}, whole=False)
+        if not params.has("weight_decay"):
+            # The optimizer DeepSpeed builds: torch.optim.AdamW decays 0.01, the others 0.
+            decay = 0.01 if torch_adam is True and name == "adamw" else 0.0
+            out.put("optimizer.weight_decay", params.at("weight_decay"), decay)
+        params.expect("amsgrad", False)
+    else:
+        names = {"momentum": "optimizer.momentum", "nesterov": "optimizer.nesterov"}
+        _copy(out, params, names, whole=False)
+        params.expect("dampening", 0.0)
+    params.finish()
+    section.finish()
+
+
+def _scheduler(ds: ConfigReader, out: _Build, report: Report) -> None:
+    """DeepSpeed's WarmupLR / WarmupDecayLR with linear warmup: the spec's warmup_constant /
+    warmup_linear (toolkit.schedule); their peak, warmup_max_lr, is the learning rate."""
+    if not ds.has("scheduler"):
+        return
+    section = ds.sub("scheduler")
+    kind = section.get("type")
+    params = section.sub("params")
+    warmup_type = params.get("warmup_type", "log")
+    if kind not in ("WarmupLR", "WarmupDecayLR") or warmup_type != "linear":
+        why = (
+            f"scheduler type {show_value(kind)} is not modelled"
+            if kind not in ("WarmupLR", "WarmupDecayLR")
+            else "only warmup_type linear is modelled (DeepSpeed's default is log)"
+        )
+        report.drop("scheduler", section.data, why)
+        return
+    low, peak = params.get("warmup_min_lr", 0.0), params.get("warmup_max_lr", 0.001)
+    steps = _whole(params.get("warmup_num_steps", 1000))
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in (low, peak, steps)):
+        report.error(section.at("params"), params.data, "must hold numbers", "fix the values")
+        return
+    if peak <= 0 or not 0 <= low <= peak:
+        report.drop("scheduler", section.data, "warmup_min_lr must be in [0, warmup_max_lr]")
+        return
+    name = "warmup_constant" if kind == "WarmupLR" else "warmup_linear"
+    out.put("schedule.name", section.at("type"), name)
+    out.put("schedule.warmup_steps", params.at("warmup_num_steps"), max(2, steps))
+    out.put("schedule.warmup_start_ratio", params.at("warmup_min_lr"), low / peak)
+    out.put("optimizer.lr", params.at("warmup_max_lr"), peak)
+    if kind == "WarmupDecayLR":
+        total = _whole(params.get("total_num_steps"))
+        out.put("schedule.total_steps", params.at("total_num_steps"), total)
+        out.put("schedule.min_ratio", params.at("warmup_min_lr"), low / peak)
+    params.expect("last_batch_iteration", -1)
+    params.finish()
+    section.finish()
+    report.note(
+        "scheduler: the toolkit steps it in line with optimizer steps (plain DeepSpeed starts "
+        "it one step behind; see toolkit.schedule)"
+    )
+
+
+def _offload(zero: ConfigReader, key: str, deprecated: str) -> tuple[Any, Any, Any]:
     section = zero.sub(key)
     device = section.get("device", "none")
-    pin = section.get("pin_memory")
-    nvme = section.get("nvme_path")
+    pin, nvme = section.get("pin_memory"), section.get("nvme_path")
     section.finish()
     if zero.get(deprecated):
-        zero.out.warn(
-            f"deepspeed.zero_optimization.{deprecated} is deprecated; read as cpu offload"
-        )
+        zero.out.note(f"zero_optimization.{deprecated} is deprecated; read as cpu offload")
         device = "cpu"
     return device, pin, nvme
 
 
-def _zero(ds: _Reader, out: _Report) -> dict[str, Any]:
+_ZERO_NAMES = {
+    "reduce_bucket_size": "reduce_bucket_size",
+    "allgather_bucket_size": "allgather_bucket_size",
+    "overlap_comm": "overlap_comm",
+    "contiguous_gradients": "contiguous_gradients",
+    "sub_group_size": "sub_group_size",
+    "stage3_prefetch_bucket_size": "prefetch_bucket_size",
+    "stage3_param_persistence_threshold": "param_persistence_threshold",
+    "stage3_max_live_parameters": "max_live_parameters",
+    "stage3_max_reuse_distance": "max_reuse_distance",
+    "stage3_gather_16bit_weights_on_model_save": "gather_16bit_weights_on_model_save",
+}
+"""Spec zero keys (DeepSpeed's names) and DeepSpeed's aliases for them."""
+
+
+def _zero(ds: ConfigReader, out: _Build) -> None:
     zero = ds.sub("zero_optimization")
-    result: dict[str, Any] = {"stage": zero.get_int("stage", 0)}
-    opt_device, opt_pin, opt_nvme = _offload(zero, "offload_optimizer", "cpu_offload")
-    par_device, par_pin, par_nvme = _offload(zero, "offload_param", "cpu_offload_param")
-    result["offload_optimizer"] = opt_device
-    result["offload_params"] = par_device
-    nvme = opt_nvme or par_nvme
+    stage = _whole(zero.get("stage", 0))
+    out.put("zero.stage", zero.at("stage"), stage)
+    opt = _offload(zero, "offload_optimizer", "cpu_offload")
+    par = _offload(zero, "offload_param", "cpu_offload_param")
+    out.put("zero.offload_optimizer", zero.at("offload_optimizer.device"), opt[0])
+    if par[0] not in (None, "none") and isinstance(stage, int) and stage in (0, 1, 2):
+        ds.out.note(f"zero_optimization.offload_param: DeepSpeed ignores it at stage {stage}")
+        par = ("none", None, None)
+    out.put("zero.offload_params", zero.at("offload_param.device"), par[0])
+    nvme = opt[2] or par[2]
     if nvme:
-        result["nvme_path"] = nvme  # the spec refuses anything but a path
-    # Compared, not put in a set: a pin_memory of [] or {} must be refused by the spec, not crash.
-    pins = [pin for pin in (opt_pin, par_pin) if pin is not None]
+        out.put("zero.nvme_path", zero.at("offload_optimizer.nvme_path"), nvme)
+    # Compared, not put in a set: a pin_memory of [] or {} must be refused by the spec.
+    pins = [pin for pin in (opt[1], par[1]) if pin is not None]
     if len(pins) == 2 and pins[0] != pins[1]:
-        out.warn("deepspeed.zero_optimization: offload pin_memory differs; wrote the optimizer's")
+        ds.out.drop(
+            zero.at("offload_param.pin_memory"), pins[1], "differs from offload_optimizer's"
+        )
     if pins:
-        result["pin_memory"] = pins[0]
-    names = {
-        "reduce_bucket_size": "reduce_bucket_size",
-        "allgather_bucket_size": "allgather_bucket_size",
-        "overlap_comm": "overlap_comm",
-        "contiguous_gradients": "contiguous_gradients",
-        "stage3_prefetch_bucket_size": "prefetch_bucket_size",
-        "stage3_param_persistence_threshold": "param_persistence_threshold",
-        "stage3_max_live_parameters": "max_live_parameters",
-        "stage3_max_reuse_distance": "max_reuse_distance",
-        "stage3_gather_16bit_weights_on_model_save": "gather_16bit_weights_on_model_save",
-    }
-    for spec_key, alias in names.items():
+        out.put("zero.pin_memory", zero.at("offload_optimizer.pin_memory"), pins[0])
+    for spec_key, alias in _ZERO_NAMES.items():
         for ds_key in (spec_key, alias):
-            if zero.has(ds_key):
-                value = zero.get_int(ds_key)
-                if value is not None:
-                    result[spec_key] = value
+            if zero.has(ds_key) and zero.data[ds_key] is not None:
+                out.put(f"zero.{spec_key}", zero.at(ds_key), _whole(zero.get(ds_key)))
             zero.used.add(ds_key)
-    if result.get("overlap_comm") == (result["stage"] == 3):
-        del result["overlap_comm"]  # DeepSpeed's own rule, which the spec's default keeps
+    zero_data = out.data["zero"]
+    if zero_data.get("overlap_comm") == (stage == 3):
+        del zero_data["overlap_comm"]  # DeepSpeed's own rule, which the spec's default keeps
     zero.expect("reduce_scatter", True)
     zero.expect("allgather_partitions", True)
     zero.expect("round_robin_gradients", False)
     zero.finish()
-    return result
 
 
-def _precision(ds: _Reader) -> tuple[str, dict[str, Any] | None]:
+_SCALING = (
+    "loss_scale",
+    "initial_scale_power",
+    "loss_scale_window",
+    "hysteresis",
+    "consecutive_hysteresis",
+    "min_loss_scale",
+)
+
+
+def _precision(ds: ConfigReader, out: _Build) -> None:
     fp16 = ds.sub("fp16")
     bf16 = ds.sub("bf16") if ds.has("bf16") else ds.sub("bfloat16")
-    fp16_on = fp16.get("enabled", False, required=True)
-    bf16_on = bf16.get("enabled", False, required=True)
+    ds.used.update(("bf16", "bfloat16"))
+    fp16_on, bf16_on = fp16.get("enabled", False), bf16.get("enabled", False)
+    for reader, value in ((fp16, fp16_on), (bf16, bf16_on)):
+        if not isinstance(value, bool):
+            ds.out.error(
+                reader.at("enabled"), value, "must be true or false", "write true or false"
+            )
     bf16.finish()
     precision = "fp16" if fp16_on is True else "bf16" if bf16_on is True else "fp32"
-    scaling = {
-        name: fp16.get(name)
-        if name in ("loss_scale", "consecutive_hysteresis")
-        else fp16.get_int(name)
-        for name in (
-            "loss_scale",
-            "initial_scale_power",
-            "loss_scale_window",
-            "hysteresis",
-            "consecutive_hysteresis",
-            "min_loss_scale",
-        )
-        if fp16.has(name)
-    }
-    fp16.expect("auto_cast", False)
+    out.put("precision", fp16.at("enabled") if fp16_on is True else bf16.at("enabled"), precision)
+    for name in _SCALING:
+        if fp16.has(name):
+            whole = name not in ("loss_scale", "consecutive_hysteresis")
+            value = fp16.get(name)
+            out.put(f"loss_scaling.{name}", fp16.at(name), _whole(value) if whole else value)
+    if fp16.has("auto_cast"):
+        out.put("deepspeed.auto_cast", fp16.at("auto_cast"), fp16.get("auto_cast"))
     fp16.finish()
-    return precision, scaling or None
 
 
-def _pipeline(ds: _Reader, out: _Report) -> dict[str, Any] | None:
+def _pipeline(ds: ConfigReader, out: _Build) -> None:
     if not ds.has("pipeline"):
-        return None
+        return
     pipe = ds.sub("pipeline")
-    result: dict[str, Any] = {"stages": pipe.get_int("stages", 1)}
-    partition = pipe.get("partition", "parameters")
-    if partition == "best":
-        out.warn("deepspeed.pipeline.partition 'best' is not modeled; wrote parameters")
-        partition = "parameters"
-    result["partition"] = partition
-    result["activation_checkpoint_interval"] = pipe.get_int("activation_checkpoint_interval", 0)
-    for key, value in (
-        ("seed_layers", False),
-        ("pipe_partitioned", True),
-        ("grad_partitioned", True),
-    ):
+    names = {"stages": "pipeline.stages"}
+    names |= {"activation_checkpoint_interval": "pipeline.activation_checkpoint_interval"}
+    _copy(out, pipe, names, whole=True)
+    if pipe.has("partition"):
+        out.put("pipeline.partition", pipe.at("partition"), pipe.get("partition"))
+    for key, value in (("seed_layers", False), ("pipe_partitioned", True)):
         pipe.expect(key, value)
+    pipe.expect("grad_partitioned", True)
     pipe.finish()
-    return {key: value for key, value in result.items() if value is not None}
+
+
+def _dtype(value: Any) -> Any:
+    """DeepSpeed's dtype spellings (fp32, float32, ...) as the spec's; others left to refuse."""
+    return DTYPES.get(value, value) if isinstance(value, str) else value
+
+
+def _deepspeed_keys(ds: ConfigReader, out: _Build) -> None:
+    """Top-level keys the spec's `deepspeed` section models, under DeepSpeed's names."""
+    for key in (
+        "zero_allow_untested_optimizer",
+        "zero_force_ds_cpu_optimizer",
+        "prescale_gradients",
+        "gradient_predivide_factor",
+    ):
+        if ds.has(key):
+            out.put(f"deepspeed.{key}", ds.at(key), ds.get(key))
+    if ds.has("communication_data_type") and ds.data["communication_data_type"] is not None:
+        value = ds.get("communication_data_type")
+        where = ds.at("communication_data_type")
+        out.put("deepspeed.communication_data_type", where, _dtype(value))
+    ds.used.add("communication_data_type")
+    types = ds.sub("data_types")
+    accum = types.get("grad_accum_dtype")
+    if accum is not None:
+        out.put("deepspeed.grad_accum_dtype", types.at("grad_accum_dtype"), _dtype(accum))
+    types.finish()
+    ds.expect("gradient_allreduce_op", "mean", "every engine averages gradients (mean)")
+    ds.expect("wall_clock_breakdown", False)
+
+
+def _prune_defaults(data: dict[str, Any]) -> None:
+    """Drop `deepspeed` keys that hold what the spec renders anyway, so the written spec holds
+    only what differs (the rendered config is the same either way)."""
+    section = data.pop(DEEPSPEED_SECTION, {})
+    precision = data.get("precision")
+    zero_stage = data.get("zero", {}).get("stage")
+    untested = data.get("optimizer", {}).get("name") == "sgd" and zero_stage not in (0, None)
+    defaults = {
+        "zero_allow_untested_optimizer": untested,
+        "zero_force_ds_cpu_optimizer": True,
+        "prescale_gradients": False,
+        "gradient_predivide_factor": 1.0,
+        "auto_cast": False,
+        "grad_accum_dtype": precision,
+        "communication_data_type": precision,
+    }
+    for key, value in defaults.items():
+        if key in section and type(section[key]) is type(value) and section[key] == value:
+            del section[key]
+    if section:
+        data[DEEPSPEED_SECTION] = section
 
 
 def _positive_int(value: Any) -> bool:
@@ -292,78 +365,53 @@ def _infer_world_size(batch: dict[str, Any], stages: Any) -> int | None:
     return global_ // (micro * accumulation) * int(stages)
 
 
-def _batch(ds: _Reader) -> dict[str, Any]:
-    batch = {
-        "global": ds.get_int("train_batch_size", required=True),
-        "micro": ds.get_int("train_micro_batch_size_per_gpu", required=True),
-        "accumulation": ds.get_int("gradient_accumulation_steps", required=True),
+def _batch(ds: ConfigReader, out: _Build) -> None:
+    names = {
+        "train_batch_size": "batch.global",
+        "train_micro_batch_size_per_gpu": "batch.micro",
+        "gradient_accumulation_steps": "batch.accumulation",
     }
-    return {key: value for key, value in batch.items() if value is not None}
+    out.data["batch"] = {}
+    _copy(out, ds, names, whole=True)
 
 
-def spec_from_deepspeed(config: Any, *, world_size: int | None = None) -> Imported:
-    """Import a DeepSpeed config dict; SpecError when it holds what the spec cannot express."""
-    out = _Report()
-    ds = _Reader(config, "deepspeed", out)
-    data: dict[str, Any] = {"backend": "deepspeed"}
-    optimizer = _optimizer(ds, out)
-    precision, scaling = _precision(ds)
-    zero = _zero(ds, out)
-    pipeline = _pipeline(ds, out)
-    stages = pipeline.get("stages", 1) if pipeline else 1
-    data["batch"] = batch = _batch(ds)
-    np = world_size if world_size is not None else _infer_world_size(batch, stages)
-    if np is None:
-        out.warn("world size unknown: launch.np not written; pass --world-size to set it")
-    if optimizer is not None:
-        data["optimizer"] = optimizer
-    if not ds.has("gradient_clipping"):
-        out.warn(
-            "deepspeed.gradient_clipping is missing: DeepSpeed clips at 1.0 by default; wrote 1.0"
-        )
-    data["clip_grad_norm"] = ds.get("gradient_clipping", 1.0)
-    data["precision"] = precision
-    if scaling:
-        data["loss_scaling"] = scaling
-    data["zero"] = zero
-    if pipeline:
-        data["pipeline"] = pipeline
+def spec_from_deepspeed(
+    config: Any, *, world_size: int | None = None, lossy: bool = False
+) -> Imported:
+    """Import a DeepSpeed config dict. ToolkitError (a SpecError naming config keys) when it
+    holds "auto" values, what the spec cannot express, or (unless `lossy`) keys it would drop."""
+    autos = list(auto_paths(config))
+    if autos:
+        raise AutoValuesError(autos)
+    report = Report()
+    ds = ConfigReader(config, "", report)
+    out = _Build()
+    _batch(ds, out)
+    _optimizer(ds, out, report)
+    _scheduler(ds, out, report)
+    clip = ds.get("gradient_clipping")
+    if clip is None:
+        report.note("gradient_clipping is missing: DeepSpeed clips at 1.0 by default; wrote 1.0")
+        clip = 1.0
+    out.put("clip_grad_norm", ds.at("gradient_clipping"), clip)
+    _precision(ds, out)
+    _zero(ds, out)
+    _pipeline(ds, out)
+    _deepspeed_keys(ds, out)
     if ds.has("steps_per_print"):
-        data["log_every_steps"] = ds.get_int("steps_per_print")
+        out.put("log_every_steps", ds.at("steps_per_print"), _whole(ds.get("steps_per_print")))
+    stages = out.data.get("pipeline", {}).get("stages", 1)
+    np = world_size if world_size is not None else _infer_world_size(out.data["batch"], stages)
     if np is not None:
-        data["launch"] = {"np": np}
-    _derived(ds, precision, out)
+        out.put("launch.np", "train_batch_size", np)
     ds.finish()
-    if out.errors:
-        raise SpecError(out.errors)
-    return Imported(data=data, spec=TrainSpec.from_dict(data), warnings=out.warnings)
-
-
-def _derived(ds: _Reader, precision: str, out: _Report) -> None:
-    """Keys the renderer derives: they must agree with what the spec implies."""
-    op = ds.get("gradient_allreduce_op", "mean")
-    if op != "mean":
-        out.error(
-            "deepspeed.gradient_allreduce_op",
-            op,
-            "allowed mean",
-            hint="every engine averages gradients; scale the learning rate instead",
-        )
-    ds.expect("prescale_gradients", False)
-    ds.expect("gradient_predivide_factor", 1.0)
-    ds.used.update(("zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer"))
-    ds.expect("wall_clock_breakdown", False)
-    comm = ds.get("communication_data_type")
-    if comm is not None and comm != precision:
-        out.warn(
-            f"deepspeed.communication_data_type={show_value(comm)} is not modeled; "
-            f"wrote {precision!r}"
-        )
-    types = ds.sub("data_types")
-    accum = types.get("grad_accum_dtype")
-    if accum is not None and accum != precision:
-        out.warn(
-            f"deepspeed.data_types.grad_accum_dtype={show_value(accum)} is not modeled; "
-            f"wrote {precision!r}"
-        )
-    types.finish()
+    _prune_defaults(out.data)
+    issues = report.errors + ([] if lossy else report.strict_issues())
+    if issues:
+        raise DeepSpeedConfigError(issues)
+    try:
+        spec = TrainSpec.from_dict(out.data)
+    except SpecError as error:
+        issues = [out.ds_issue(issue) for issue in error.issues]
+        raise DeepSpeedConfigError(issues, more=error.more) from None
+    return Imported(data=out.data, spec=spec, warnings=report.notes, dropped=report.dropped)

@@ -12,8 +12,9 @@ a plan holds the one launcher argv and, per rank, the variables that launcher gi
 each rank has its own argv and full environment, including TF_CONFIG for tf.distribute.
 
 Launcher notes:
-- deepspeed: `--no_local_rank` keeps the script's own argv identical under every launcher
-  (otherwise it appends `--local_rank=N`); ranks read LOCAL_RANK from the environment. It runs
+- deepspeed: like native `deepspeed`, the script gets `--local_rank=N` appended (DeepSpeed's
+  example scripts parse it and check it against LOCAL_RANK), unless `launch.pass_local_rank`
+  is false (`--no_local_rank`: the script's argv stays its own, ranks read LOCAL_RANK). It runs
   `.py` scripts with its own interpreter. A hostfile is only passed for remote or several hosts:
   with any hostfile it takes the multi-node path and checks ssh even to localhost.
 - torchrun: c10d rendezvous at master_addr:master_port; the same command runs on every host.
@@ -233,7 +234,8 @@ def deepspeed(spec: TrainSpec, command: list[str], ctx: LaunchContext) -> Launch
     if per_node is not None:
         argv += ["--num_gpus", str(per_node)]
     argv += ["--master_addr", spec.master_addr, "--master_port", str(spec.launch.master_port)]
-    argv.append("--no_local_rank")
+    if not spec.launch.pass_local_rank:
+        argv.append("--no_local_rank")
     if not command or not command[0].endswith(".py"):
         argv.append("--no_python")
     argv += list(command)

@@ -21,6 +21,7 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from toolkit.engines import Backend, Framework, Launcher, controllers_under, engine
 from toolkit.spec import rules
 from toolkit.spec.batch import ResolvedBatch, resolve_batch
+from toolkit.spec.deepspeed_section import DeepSpeedSpec, bias_correction_issues, deepspeed_issues
 from toolkit.spec.errors import SpecError, SpecIssue
 from toolkit.spec.fields import Section, rule_error
 from toolkit.spec.hostfile import read_hostfile
@@ -88,6 +89,10 @@ class TrainSpec(Section):
         description="Pipeline parallelism settings.",
     )
     tf: TfSpec = Field(default_factory=TfSpec, description="tf.distribute settings.")
+    deepspeed: DeepSpeedSpec = Field(
+        default_factory=DeepSpeedSpec,
+        description="DeepSpeed-only settings, named as in ds_config.json.",
+    )
     launch: LaunchSpec = Field(
         default_factory=LaunchSpec, validate_default=True, description="Launcher, processes, hosts."
     )
@@ -130,6 +135,21 @@ class TrainSpec(Section):
         if "backend" in info.data:
             _raise(rules.framework_issues(framework, info.data["backend"]))
         return framework
+
+    @field_validator("optimizer")
+    @classmethod
+    def _optimizer_runs_on_backend(cls, optimizer: OptimizerSpec, info: ValidationInfo) -> Any:
+        if _have(info, "backend"):
+            _raise(bias_correction_issues(optimizer.bias_correction, info.data["backend"]))
+        return optimizer
+
+    @field_validator("deepspeed")
+    @classmethod
+    def _deepspeed_settings(cls, section: DeepSpeedSpec, info: ValidationInfo) -> Any:
+        if _have(info, "backend", "precision"):
+            data = info.data
+            _raise(deepspeed_issues(section, data["backend"], data["precision"]))
+        return section
 
     @field_validator("zero")
     @classmethod

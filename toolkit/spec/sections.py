@@ -24,7 +24,7 @@ from toolkit.engines import Controller, Launcher
 from toolkit.spec.fields import Betas, Env, Hosts, Section, StrictStage, Text, field_error
 from toolkit.spec.hosts import HOST_NAME, MAX_RANKS
 
-OptimizerName = Literal["sgd", "adam", "adamw"]
+OptimizerName = Literal["sgd", "adam", "adamw", "script"]
 OffloadDevice = Literal["none", "cpu", "nvme"]
 HorovodCompression = Literal["none", "fp16"]
 HorovodOp = Literal["average", "sum", "adasum"]
@@ -62,11 +62,15 @@ class OptimizerSpec(Section):
 
     name: OptimizerName = Field(
         default="adamw",
-        description="sgd (torch.optim.SGD), adam (L2 weight decay in the gradient) or adamw "
-        "(decoupled weight decay).",
+        description="sgd (torch.optim.SGD), adam (L2 weight decay in the gradient), adamw "
+        "(decoupled weight decay), or script: the script passes its own optimizer to "
+        "`run.prepare` (a DeepSpeed config without an optimizer section).",
     )
     lr: float = Field(
-        default=1e-3, gt=0, description="Learning rate before `lr_scaling` is applied."
+        default=1e-3,
+        gt=0,
+        description="Learning rate before `lr_scaling` is applied; with script, only the "
+        "schedule's peak.",
     )
     betas: Betas = Field(
         default=(0.9, 0.999), description="Adam/AdamW moment decay rates; unused by sgd."
@@ -81,6 +85,11 @@ class OptimizerSpec(Section):
         default=0.0, ge=0, description="SGD momentum; must stay 0 for adam and adamw."
     )
     nesterov: bool = Field(default=False, description="SGD Nesterov momentum; needs momentum > 0.")
+    bias_correction: bool = Field(
+        default=True,
+        description="Adam/AdamW bias correction of the moments; false (BERT's Adam) runs on "
+        "DeepSpeed only.",
+    )
 
     @field_validator("momentum")
     @classmethod
@@ -107,6 +116,16 @@ class OptimizerSpec(Section):
                 "needs optimizer.name sgd with momentum > 0", "set momentum, or remove nesterov"
             )
         return nesterov
+
+    @field_validator("bias_correction")
+    @classmethod
+    def _bias_correction_is_adam_only(cls, bias_correction: bool, info: ValidationInfo) -> bool:
+        name = info.data.get("name")
+        if not bias_correction and name is not None and name not in ("adam", "adamw"):
+            raise field_error(
+                f"only adam and adamw correct bias, not {name}", "remove bias_correction"
+            )
+        return bias_correction
 
 
 class LossScalingSpec(Section):
@@ -167,6 +186,11 @@ class ZeroSpec(Section):
     )
     contiguous_gradients: bool = Field(
         default=True, description="Copy gradients into one buffer as they are produced."
+    )
+    sub_group_size: int = Field(
+        default=1_000_000_000,
+        ge=1,
+        description="Elements per group the optimizer steps at a time (DeepSpeed's default).",
     )
     stage3_prefetch_bucket_size: int = Field(
         default=50_000_000, ge=0, description="Stage 3: parameter elements fetched ahead of use."
@@ -375,6 +399,11 @@ class LaunchSpec(Section):
     multinode_launcher: MultinodeLauncher = Field(
         default="pdsh",
         description="How the deepspeed launcher reaches other hosts (its --launcher).",
+    )
+    pass_local_rank: bool = Field(
+        default=True,
+        description="deepspeed launcher: pass --local_rank=N to the script, as native deepspeed "
+        "does; false adds --no_local_rank (ranks read LOCAL_RANK).",
     )
     python: Annotated[str, Text("a command", "write the interpreter's path")] | None = Field(
         default=None, description="Interpreter for .py scripts; null = the one running the toolkit."

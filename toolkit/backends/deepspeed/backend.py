@@ -47,7 +47,14 @@ from deepspeed.utils import safe_get_full_fp32_param
 from toolkit.backends import torch_batches as batches
 from toolkit.backends import torch_common as common
 from toolkit.backends import torch_state
-from toolkit.backends.base import Backend, LossFn, MetricFn, MicroBatch, StateShare
+from toolkit.backends.base import (
+    Backend,
+    LossFn,
+    MetricFn,
+    MicroBatch,
+    StateShare,
+    refuse_missing_script_optimizer,
+)
 from toolkit.backends.deepspeed import pipeline, state
 from toolkit.backends.torch_data import TorchData
 from toolkit.checkpoint import CheckpointState
@@ -90,8 +97,10 @@ class DeepSpeedBackend(common.TorchCollectives, TorchData, Backend):
     def prepare(self, model: Any, optimizer: Any | None = None) -> Any:
         module = common.require_module(model)
         config = deepspeed_config(self.spec, self.env.world_size)
-        if optimizer is not None:
-            del config["optimizer"]  # DeepSpeed refuses a client optimizer and a config one
+        if optimizer is None:
+            refuse_missing_script_optimizer(self.spec)
+        else:
+            config.pop("optimizer", None)  # DeepSpeed refuses a client optimizer and a config one
         if self.uses_pipeline:
             module = self._pipeline_module(module)
         # The spec's schedule: DeepSpeed's own when the config carries one (its formula is the

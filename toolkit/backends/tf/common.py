@@ -22,7 +22,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras
 import tensorflow as tf
 
-from toolkit.backends.base import LossFn
+from toolkit.backends.base import LossFn, refuse_missing_script_optimizer
 from toolkit.backends.batches import describe
 from toolkit.backends.tf.optimizers import TorchAdam, TorchSGD
 from toolkit.errors import ToolkitError
@@ -68,6 +68,7 @@ class SpecSchedule(keras.optimizers.schedules.LearningRateSchedule):
 def build_optimizer(spec: TrainSpec, lr: float) -> keras.optimizers.Optimizer:
     """The spec's optimizer with PyTorch's update rule (see toolkit.backends.tf.optimizers),
     its learning rate following the spec's schedule."""
+    refuse_missing_script_optimizer(spec)
     opt = spec.optimizer
     rate: Any = lr if spec.schedule.name == "constant" else SpecSchedule(lr, spec)
     if opt.name == "sgd":
