@@ -39,6 +39,11 @@ from toolkit.launch.tree import ProcessTree, exit_status, pid_running
 
 POLL_SECONDS = 0.2
 END_REPORT_WAIT_SECONDS = 1.0
+UNSEEN_END_GRACE_SECONDS = 20.0
+"""How long a launcher may take to end the job after a rank ended with a status nobody saw
+(the launcher reaped it at once). Such an end is often a clean one: under load the deepspeed
+launcher took more than the 5 s grace to exit after both ranks exited 0, and the job was
+stopped as failed. A known failed status keeps the short grace."""
 LOOPBACK = "127.0.0.1"
 
 
@@ -213,9 +218,10 @@ class Job:
         failed = self.heartbeats.first_failure()
         if failed is not None:
             since = self._bad_end_seen.setdefault(failed.rank, now)
-            if now - since >= self.grace:
+            grace = self.grace if failed.status is not None else UNSEEN_END_GRACE_SECONDS
+            if now - since >= max(self.grace, grace):
                 reason = f"{_named(failed)} {describe_status(failed.status)}; stopped the job "
-                reason += f"({launcher.label} had not ended it {self.grace:g} s later)"
+                reason += f"({launcher.label} had not ended it {max(self.grace, grace):g} s later)"
                 return _Ending(exit_code(failed.status), reason, failed.rank, failed.host)
         orphan = self.tree.unreaped_failure(self.grace)
         if orphan is not None:
