@@ -53,12 +53,9 @@ VARIANTS: dict[str, tuple[str, str]] = {
 # engine -> the variants its runs rotate through: DeepSpeed's cover its ZeRO stages and the
 # pipeline engine; name one variant (e.g. `--engines zero1`) to soak it alone.
 JOBS: dict[str, tuple[str, ...]] = {
-    "ddp": ("ddp",),
+    **{variant: (variant,) for variant in VARIANTS},
     "horovod": ("horovod", "horovod-mpi"),
     "deepspeed": ("zero1", "zero2", "zero3", "pipeline"),
-    "horovod-tf": ("horovod-tf",),
-    "tf-multiworker": ("tf-multiworker",),
-    **{variant: (variant,) for variant in VARIANTS},
 }
 DEFAULT_ENGINES = ["ddp", "horovod", "deepspeed", "horovod-tf", "tf-multiworker"]
 

@@ -57,7 +57,9 @@ def main(piddir: str, spec_file: str) -> int:
     for step, micro_batches in enumerate(run.steps(run.loader(data()), epochs=1_000_000)):
         run.train_step(micro_batches, loss_fn)
         if step == WARM_STEPS:
-            (Path(piddir) / str(run.rank)).write_text(str(os.getpid()))
+            written = Path(piddir) / f".{run.rank}"
+            written.write_text(str(os.getpid()))
+            written.rename(Path(piddir) / str(run.rank))  # the test never reads half a file
     return 0
 
 
