@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.deepspeed_oracle import deepspeed_parse
 from toolkit.cli import main
 from toolkit.render.deepspeed import deepspeed_config
 from toolkit.render.deepspeed_import import spec_from_deepspeed
@@ -83,20 +84,6 @@ CASES = {
 }
 
 
-class FakeMpu:
-    def __init__(self, dp: int) -> None:
-        self.dp = dp
-
-    def get_data_parallel_world_size(self) -> int:
-        return self.dp
-
-
-@pytest.fixture(autouse=True)
-def comm_looks_initialised(monkeypatch: pytest.MonkeyPatch) -> None:
-    """DeepSpeedConfig trusts `mpu` only when deepspeed.comm answers get_rank()."""
-    monkeypatch.setattr(ds_config.dist, "get_rank", lambda *args, **kwargs: 0)
-
-
 def config_of(name: str) -> dict[str, Any]:
     data = json.loads((CORPUS / f"{name}.json").read_text())
     return apply_settings(data, CASES[name].settings)
@@ -129,7 +116,7 @@ def same(a: Any, b: Any) -> bool:
 def oracle(config: dict[str, Any], spec: TrainSpec, world: int) -> Any:
     """DeepSpeed's own parser on the rendered config (raises on anything it refuses)."""
     dp = world // spec.pipeline.stages
-    return ds_config.DeepSpeedConfig(json.loads(json.dumps(config)), mpu=FakeMpu(dp))
+    return deepspeed_parse(config, dp)
 
 
 def test_the_corpus_is_every_file() -> None:
@@ -140,7 +127,7 @@ def test_the_corpus_is_every_file() -> None:
 def test_the_originals_are_valid_deepspeed_configs(name: str) -> None:
     config = config_of(name)
     dp = CASES[name].world // config.get("pipeline", {}).get("stages", 1)
-    ds_config.DeepSpeedConfig(config, mpu=FakeMpu(dp))
+    deepspeed_parse(config, dp)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.deepspeed_oracle import deepspeed_parse
 from toolkit.render.deepspeed import deepspeed_config
 from toolkit.spec import TrainSpec, load_spec
 
@@ -61,24 +61,6 @@ MATRIX: list[dict[str, Any]] = [
 ]
 
 
-class FakeMpu:
-    """What DeepSpeedConfig asks a model-parallel unit for: the data-parallel size."""
-
-    def __init__(self, dp: int) -> None:
-        self.dp = dp
-
-    def get_data_parallel_world_size(self) -> int:
-        return self.dp
-
-
-@pytest.fixture(autouse=True)
-def comm_looks_initialised(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """DeepSpeedConfig only trusts `mpu` when deepspeed.comm answers get_rank(); without an
-    initialised process group it silently assumes a world of 1 and ignores `mpu`."""
-    monkeypatch.setattr(ds_config.dist, "get_rank", lambda *args, **kwargs: 0)
-    yield
-
-
 def spec_of(extra: dict[str, Any]) -> TrainSpec:
     data = {"backend": "deepspeed", "batch": {"micro": 4, "accumulation": 2}, **extra}
     return TrainSpec.from_dict(data)
@@ -87,7 +69,7 @@ def spec_of(extra: dict[str, Any]) -> TrainSpec:
 def validated(spec: TrainSpec, world: int) -> tuple[dict[str, Any], Any]:
     config = deepspeed_config(spec, world)
     dp = world // spec.pipeline.stages
-    parsed = ds_config.DeepSpeedConfig(json.loads(json.dumps(config)), mpu=FakeMpu(dp))
+    parsed = deepspeed_parse(config, dp)
     return config, parsed
 
 
