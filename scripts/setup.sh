@@ -97,8 +97,10 @@ pip_install --no-build-isolation "deepspeed==$DEEPSPEED_VERSION"
 # the lock behind, after which every later start waits on it forever. So it is built here,
 # once, while nothing else runs; when it is already built this only checks it (seconds).
 echo "DeepSpeed's CPU Adam op (ZeRO-Offload): building once, log in $LOG_DIR/cpu-adam-build.log"
+# Every op's lock, not only this one's: a DeepSpeed start outside the toolkit (a plain
+# deepspeed.initialize on CPU) builds its shm_comm op too, and a killed one left that lock.
 if ! pgrep -x ninja >/dev/null; then  # no build running: a lock left here is a dead build's
-  rm -f "${TORCH_EXTENSIONS_DIR:-$HOME/.cache/torch_extensions}"/*/cpu_adam/lock
+  rm -f "${TORCH_EXTENSIONS_DIR:-$HOME/.cache/torch_extensions}"/*/*/lock
 fi
 "$VENV/bin/python" -c "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()" \
   >"$LOG_DIR/cpu-adam-build.log" 2>&1 \

@@ -128,6 +128,21 @@ def test_deepspeed_launcher_argv_and_hostfile(tmp_path: Path) -> None:
     opted_out = plan({"backend": "deepspeed", "launch": {"np": 2, "pass_local_rank": False}})
     assert opted_out.argv is not None and runner.parse_args(opted_out.argv[1:]).no_local_rank
 
+    # `python X.py` is run as native deepspeed runs X.py: its interpreter, --local_rank after X.py.
+    spelled_out = plan(
+        {"backend": "deepspeed", "launch": {"np": 2}}, command=["/v/python3", *COMMAND]
+    )
+    assert spelled_out.argv is not None
+    args = runner.parse_args(spelled_out.argv[1:])
+    assert (args.no_python, args.no_local_rank, [args.user_script, *args.user_args]) == (
+        False, False, COMMAND
+    )  # fmt: skip
+    # Other interpreter commands: --local_rank would land among the interpreter's options.
+    module = plan({"backend": "deepspeed", "launch": {"np": 2}}, command=["python", "-m", "m"])
+    assert module.argv is not None
+    args = runner.parse_args(module.argv[1:])
+    assert (args.no_python, args.no_local_rank, args.user_script) == (True, True, "python")
+
     multi = plan({"backend": "deepspeed", "launch": {"hosts": ["node1:4", "node-2.lan:4"]}})
     assert multi.argv is not None
     args = runner.parse_args(multi.argv[1:])

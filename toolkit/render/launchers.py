@@ -15,8 +15,9 @@ Launcher notes:
 - deepspeed: like native `deepspeed`, the script gets `--local_rank=N` appended (DeepSpeed's
   example scripts parse it and check it against LOCAL_RANK), unless `launch.pass_local_rank`
   is false (`--no_local_rank`: the script's argv stays its own, ranks read LOCAL_RANK). It runs
-  `.py` scripts with its own interpreter. A hostfile is only passed for remote or several hosts:
-  with any hostfile it takes the multi-node path and checks ssh even to localhost.
+  `.py` scripts with its own interpreter, so `python X.py` is given to it as `X.py`. A hostfile
+  is only passed for remote or several hosts: with any hostfile it takes the multi-node path
+  and checks ssh even to localhost.
 - torchrun: c10d rendezvous at master_addr:master_port; the same command runs on every host.
 - mpirun: `--bind-to none` (ranks share few cores), `-x NAME` forwards each variable the plan
   sets, `--allow-run-as-root` only for uid 0, `--oversubscribe` only when np exceeds the slots
@@ -30,8 +31,10 @@ explain would sit in different files.
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import PurePath
 from typing import Any
 
 from toolkit import engines
@@ -220,6 +223,21 @@ def horovodrun(spec: TrainSpec, command: list[str], ctx: LaunchContext) -> Launc
     return LaunchPlan(launcher="horovodrun", argv=argv, env=env, ranks=ranks)
 
 
+def _is_python(program: str) -> bool:
+    return re.fullmatch(r"python[0-9.]*", PurePath(program).name) is not None
+
+
+def _as_deepspeed_runs_it(command: list[str]) -> list[str]:
+    """`python X.py ARGS` becomes `X.py ARGS`, the form native `deepspeed` takes: DeepSpeed runs a
+    .py script with its own interpreter and puts `--local_rank=N` after the script. Other
+    commands stay; with `--no_python` DeepSpeed would put `--local_rank` right after the
+    program, which for `python -m mod` or `python -c` is the interpreter's own options, so an
+    interpreter-first command is started with `--no_local_rank` (LOCAL_RANK is still set)."""
+    if len(command) >= 2 and _is_python(command[0]) and command[1].endswith(".py"):
+        return command[1:]
+    return command
+
+
 def deepspeed(spec: TrainSpec, command: list[str], ctx: LaunchContext) -> LaunchPlan:
     """The deepspeed launcher (pdsh/openmpi/mvapich/slurm underneath for several hosts)."""
     argv = ["deepspeed"]
@@ -234,7 +252,9 @@ def deepspeed(spec: TrainSpec, command: list[str], ctx: LaunchContext) -> Launch
     if per_node is not None:
         argv += ["--num_gpus", str(per_node)]
     argv += ["--master_addr", spec.master_addr, "--master_port", str(spec.launch.master_port)]
-    if not spec.launch.pass_local_rank:
+    command = _as_deepspeed_runs_it(command)
+    interpreter_first = bool(command) and _is_python(command[0])
+    if not spec.launch.pass_local_rank or interpreter_first:
         argv.append("--no_local_rank")
     if not command or not command[0].endswith(".py"):
         argv.append("--no_python")
