@@ -218,10 +218,11 @@ class Job:
         failed = self.heartbeats.first_failure()
         if failed is not None:
             since = self._bad_end_seen.setdefault(failed.rank, now)
-            grace = self.grace if failed.status is not None else UNSEEN_END_GRACE_SECONDS
-            if now - since >= max(self.grace, grace):
+            unseen = failed.status is None
+            grace = max(self.grace, UNSEEN_END_GRACE_SECONDS) if unseen else self.grace
+            if now - since >= grace:
                 reason = f"{_named(failed)} {describe_status(failed.status)}; stopped the job "
-                reason += f"({launcher.label} had not ended it {max(self.grace, grace):g} s later)"
+                reason += f"({launcher.label} had not ended it {grace:g} s later)"
                 return _Ending(exit_code(failed.status), reason, failed.rank, failed.host)
         orphan = self.tree.unreaped_failure(self.grace)
         if orphan is not None:
