@@ -224,7 +224,6 @@ def test_unknown_keys_get_a_did_you_mean() -> None:
         ),
         ({"launch": {"launcher": "torchrun", "hosts": ["a:2", "b:1"]}}, "launch.hosts"),
         ({"launch": {"launcher": "torchrun", "np": 3, "hosts": ["a:2"]}}, "launch.np"),
-        ({"backend": "tf", "launch": {"hosts": ["node1:2"]}}, "launch.hosts"),
         ({"launch": {"hostfile": "missing-hostfile"}}, "launch.hostfile"),
         ([1, 2], "spec"),
     ],

@@ -72,6 +72,14 @@ NP_WITHIN_SLOTS: tuple[Launcher, ...] = ("horovodrun",)
 EQUAL_SLOTS: tuple[Launcher, ...] = ("torchrun",)
 """Launchers that run the same per-node process count on every host: slots must be equal."""
 
+HOST_ORDER_LAUNCHERS: tuple[Launcher, ...] = ("horovodrun", "mpirun", "deepspeed", "local")
+"""Launchers that place ranks on the hosts in the order the plan does (hosts in order, slots
+filled), so the plan names each rank's host; torchrun's rendezvous and srun decide at run time."""
+
+SSH_STARTED: tuple[Launcher, ...] = ("torchrun", "local")
+"""Launchers that reach no other host themselves: `toolkit launch` starts them (torchrun once
+per host) or their ranks (local) on the other hosts over ssh."""
+
 PIPELINE_MAX_ZERO_STAGE = 1
 """Highest ZeRO stage a pipeline-parallel engine runs (DeepSpeed's PipelineEngine: 0 or 1)."""
 

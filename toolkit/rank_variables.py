@@ -32,5 +32,13 @@ TOOLKIT_TAG_OUTPUT = "TOOLKIT_TAG_OUTPUT"
 output lines with "[rank R] " (toolkit.launch.rank_output), so the supervisor can keep each
 rank's last lines apart."""
 
-SUPERVISOR_VARIABLES = (TOOLKIT_HEARTBEAT, TOOLKIT_TAG_OUTPUT)
+TOOLKIT_JOB_ID = "TOOLKIT_JOB_ID"
+"""A token unique to one supervised job: every process of the job carries it, so what a job
+left on another host is found and stopped by it (toolkit.launch.reap)."""
+
+SUPERVISOR_VARIABLES = (TOOLKIT_HEARTBEAT, TOOLKIT_TAG_OUTPUT, TOOLKIT_JOB_ID)
 """What the supervisor adds to a job; a launcher must forward them to remote ranks."""
+
+TOOLKIT_HOST = "TOOLKIT_HOST"
+"""The host name a rank was started on, as the spec names it (set where the toolkit starts a
+rank over ssh itself): heartbeats name it instead of the machine's own hostname."""

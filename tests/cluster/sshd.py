@@ -88,6 +88,16 @@ Host *
   SendEnv LANG LC_*
 """
 
+HOST_KEYS_CONFIG = """\
+Host *
+  StrictHostKeyChecking no
+  UserKnownHostsFile /dev/null
+  GlobalKnownHostsFile /dev/null
+  LogLevel ERROR
+"""
+"""What a spec's launch.ssh.config_file holds in the tests: only host-key settings (the keys
+are generated per session), so port and identity must come from launch.ssh itself."""
+
 
 @dataclass(frozen=True)
 class SshCluster:
@@ -130,6 +140,8 @@ class SshCluster:
     identity_file: Path
     config_file: Path
     """ssh client configuration: Port, IdentityFile, no host key checks, BatchMode."""
+    host_keys_file: Path
+    """ssh client configuration with the host-key settings alone (HOST_KEYS_CONFIG)."""
     bin_dir: Path
     """Holds an `ssh` that always reads config_file."""
     marker: str
@@ -146,6 +158,18 @@ class SshCluster:
         env = dict(os.environ if base is None else base)
         env["PATH"] = os.pathsep.join([str(self.bin_dir), env.get("PATH", "")])
         return env
+
+    def launch_section(self) -> dict[str, object]:
+        """A spec's `launch` settings that reach these hosts the way a user's spec would:
+        the port and the key in launch.ssh, host keys in a config file, traffic on lo."""
+        return {
+            "ssh": {
+                "port": self.port,
+                "identity_file": str(self.identity_file),
+                "config_file": str(self.host_keys_file),
+            },
+            "interface": "lo",
+        }
 
     def mpirun_mca(self) -> list[str]:
         return ["--mca", "plm_rsh_args", f"-F {self.config_file}"]
@@ -196,6 +220,8 @@ def start_ssh_cluster(root: Path) -> Iterator[SshCluster]:
     marker = uuid.uuid4().hex
     config_file = root / "ssh_config"
     config_file.write_text(CLIENT_CONFIG.format(port=port, identity=identity))
+    host_keys_file = root / "ssh_host_keys_config"
+    host_keys_file.write_text(HOST_KEYS_CONFIG)
     bin_dir = root / "bin"
     bin_dir.mkdir()
     wrapper = bin_dir / "ssh"
@@ -237,6 +263,7 @@ def start_ssh_cluster(root: Path) -> Iterator[SshCluster]:
             port=port,
             identity_file=identity,
             config_file=config_file,
+            host_keys_file=host_keys_file,
             bin_dir=bin_dir,
             marker=marker,
             daemons=daemons,

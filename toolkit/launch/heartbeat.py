@@ -28,6 +28,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from toolkit.rank_variables import TOOLKIT_HOST
+
 INTERVAL = 1.0
 """Seconds between beats."""
 _MAX_DATAGRAM = 1024
@@ -42,9 +44,15 @@ def parse_address(address: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
+def host_name() -> str:
+    """The host this rank runs on: as the spec names it when the toolkit started the rank over
+    ssh (TOOLKIT_HOST), else the machine's hostname."""
+    return os.environ.get(TOOLKIT_HOST) or socket.gethostname()
+
+
 def send(address: tuple[str, int], kind: str, rank: int, pid: int, **extra: object) -> None:
     """One datagram to the supervisor; errors are ignored (nobody listening is not fatal)."""
-    message = {"kind": kind, "rank": rank, "pid": pid, "host": socket.gethostname(), **extra}
+    message = {"kind": kind, "rank": rank, "pid": pid, "host": host_name(), **extra}
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
             sock.sendto(json.dumps(message).encode(), address)
@@ -56,7 +64,7 @@ def start_beating(address: tuple[str, int], rank: int) -> threading.Thread:
     """Beat from a daemon thread for as long as the process runs."""
 
     def beat() -> None:
-        host, pid = socket.gethostname(), os.getpid()
+        host, pid = host_name(), os.getpid()
         message = json.dumps({"kind": "beat", "rank": rank, "pid": pid, "host": host}).encode()
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
             while True:

@@ -15,8 +15,9 @@ import socket
 import subprocess
 import threading
 import time
+import uuid
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -36,6 +37,7 @@ from toolkit.launch.outcome import (
 from toolkit.launch.output import Console, LauncherTails, Lines, Prefixer, new_tail, pump
 from toolkit.launch.parent_death import Watchdog, die_with_parent
 from toolkit.launch.tree import ProcessTree, exit_status, pid_running
+from toolkit.rank_variables import TOOLKIT_HEARTBEAT, TOOLKIT_JOB_ID
 
 POLL_SECONDS = 0.2
 END_REPORT_WAIT_SECONDS = 1.0
@@ -80,7 +82,13 @@ class Job:
         grace: float,
         echo: bool,
         heartbeat_host: str,
+        *,
+        placement: Mapping[int, str] | None = None,
+        on_teardown: Callable[[], None] | None = None,
     ) -> None:
+        """`placement`: the host of each rank where the plan decides it (several hosts), used
+        to name a rank in reports. `on_teardown`: run once every local process is stopped
+        (the sweep of the job's remote hosts)."""
         self.timeout = timeout
         self.stall_timeout = stall_timeout
         self.grace = grace
@@ -90,6 +98,9 @@ class Job:
         self.console = Console()
         self.tails = LauncherTails()
         self.hostname = socket.gethostname()
+        self.placement = dict(placement or {})
+        self.on_teardown = on_teardown
+        self.job_id = uuid.uuid4().hex
         bind = LOOPBACK if heartbeat_host == LOOPBACK else "0.0.0.0"
         self.heartbeats = Heartbeats(bind)
         self.heartbeat_address = f"{heartbeat_host}:{self.heartbeats.port}"
@@ -107,10 +118,25 @@ class Job:
             self._teardown()
             raise
 
-    def start(self, argv: Sequence[str], env: Mapping[str, str], *, rank: int | None) -> None:
+    def supervisor_env(self) -> dict[str, str]:
+        """What every process of the job gets from the supervisor (and remote ones must be
+        given): where to send heartbeats, and the job's id."""
+        return {TOOLKIT_HEARTBEAT: self.heartbeat_address, TOOLKIT_JOB_ID: self.job_id}
+
+    def start(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        rank: int | None,
+        label: str | None = None,
+    ) -> None:
+        """Start one process: a rank (`rank`), or a launcher (rank None), labelled in output
+        and reports by `label` (default: the program's name, or "rank R")."""
         if isinstance(argv, str) or not argv:
             raise ValueError(f"argv must be a non-empty list of arguments, not {argv!r}")
-        label = os.path.basename(argv[0]) if rank is None else f"rank {rank}"
+        if label is None:
+            label = os.path.basename(argv[0]) if rank is None else f"rank {rank}"
         out_read, out_write = os.pipe()
         err_read, err_write = os.pipe()
         try:
@@ -190,19 +216,20 @@ class Job:
                 return _Ending(TIMED_OUT, f"timed out after {self.timeout:g} s")
 
     def _children_ending(self) -> _Ending | None:
+        """The first child that failed, or a clean end once every child (every launcher, on
+        each host it runs on, or every local rank) has exited 0."""
         for child in self.children:
             status = child.popen.poll()
-            if status is None:
+            if status == 0 and child.rank is not None:
+                self.heartbeats.mark_ended(child.rank)
+            if status is None or status == 0:
                 continue
-            if child.rank is None:  # the launcher
-                if status == 0:
-                    return _Ending(0, "")
+            if child.rank is None:  # a launcher
                 reason = f"{child.label} {describe_status(status)}"
                 return _Ending(exit_code(status), reason, launcher_failed=status)
-            if status != 0:
-                how = f"rank {child.rank} on host {self.hostname} {describe_status(status)}"
-                return _Ending(exit_code(status), how, child.rank, self.hostname)
-            self.heartbeats.mark_ended(child.rank)
+            host = self.placement.get(child.rank, self.hostname)
+            how = f"rank {child.rank} on host {host} {describe_status(status)}"
+            return _Ending(exit_code(status), how, child.rank, host)
         if all(child.popen.returncode == 0 for child in self.children):
             return _Ending(0, "")
         return None
@@ -221,9 +248,9 @@ class Job:
             unseen = failed.status is None
             grace = max(self.grace, UNSEEN_END_GRACE_SECONDS) if unseen else self.grace
             if now - since >= grace:
-                reason = f"{_named(failed)} {describe_status(failed.status)}; stopped the job "
+                reason = f"{self._named(failed)} {describe_status(failed.status)}; stopped the job "
                 reason += f"({launcher.label} had not ended it {grace:g} s later)"
-                return _Ending(exit_code(failed.status), reason, failed.rank, failed.host)
+                return _Ending(exit_code(failed.status), reason, failed.rank, self._host(failed))
         orphan = self.tree.unreaped_failure(self.grace)
         if orphan is not None:
             status, process = orphan
@@ -255,8 +282,8 @@ class Job:
         if stalled is None:
             return None
         silence = now - stalled.last_beat
-        reason = f"{_named(stalled)} stalled (no heartbeat for {silence:.0f} s)"
-        return _Ending(TIMED_OUT, reason, stalled.rank, stalled.host)
+        reason = f"{self._named(stalled)} stalled (no heartbeat for {silence:.0f} s)"
+        return _Ending(TIMED_OUT, reason, stalled.rank, self._host(stalled))
 
     def _teardown(self) -> None:
         self.tree.stop(self.grace)
@@ -269,6 +296,8 @@ class Job:
         for child in self.children:
             for reader in child.readers:
                 reader.join(timeout=self.grace)
+        if self.on_teardown is not None:
+            self.on_teardown()
         self.console.end_lines()
         self.watchdog.close()
         self.heartbeats.drain()  # the end reports of ranks that died with the launcher
@@ -285,9 +314,9 @@ class Job:
                 status = failed.status
                 if status is None:  # its parent reaped it first; trust a signal the launcher saw
                     status = signal_in(ending.launcher_failed)
-                rank, host = failed.rank, failed.host
+                rank, host = failed.rank, self._host(failed)
                 returncode = exit_code(status)
-                reason = f"{_named(failed)} {describe_status(status)}; {reason}"
+                reason = f"{self._named(failed)} {describe_status(status)}; {reason}"
         local = self.children[0].rank is not None
         if local:
             culprit = next((c for c in self.children if c.rank == rank), None)
@@ -298,9 +327,12 @@ class Job:
             returncode, rank, host, reason, tails.of_rank(rank), tails.of_launcher()
         )
 
+    def _host(self, record: RankRecord) -> str:
+        """Where the plan put the rank when it decides, else what the rank said."""
+        return self.placement.get(record.rank, record.host)
 
-def _named(record: RankRecord) -> str:
-    return f"rank {record.rank} on host {record.host}"
+    def _named(self, record: RankRecord) -> str:
+        return f"rank {record.rank} on host {self._host(record)}"
 
 
 def _name(process: psutil.Process) -> str:

@@ -11,18 +11,29 @@ import socket
 import sys
 from pathlib import Path
 
+import psutil
+
+from toolkit import engines
 from toolkit.errors import ToolkitError
 from toolkit.launch.executables import find_launcher
 from toolkit.launch.outcome import LaunchResult
+from toolkit.launch.remote import RemoteHosts, check_hosts
 from toolkit.launch.supervisor import DEFAULT_STALL_SECONDS, LOOPBACK, run_launcher, run_local
+from toolkit.rank_variables import SUPERVISOR_VARIABLES
 from toolkit.render.launchers import LaunchContext, LaunchPlan
 from toolkit.spec import TrainSpec
 from toolkit.spec.hosts import LOCAL_NAMES
 
 
 def machine_context() -> LaunchContext:
-    """The facts about this machine that the (pure) launch renderers need."""
-    return LaunchContext(uid=os.getuid(), cpu_count=os.cpu_count() or 1, python=sys.executable)
+    """The facts about this machine that the (pure) launch renderers need; the supervisor's
+    variables are forwarded to every rank (`execute` always supervises)."""
+    return LaunchContext(
+        uid=os.getuid(),
+        cpu_count=os.cpu_count() or 1,
+        python=sys.executable,
+        forward=SUPERVISOR_VARIABLES,
+    )
 
 
 def execute(
@@ -33,7 +44,12 @@ def execute(
     stall_timeout: float | None = DEFAULT_STALL_SECONDS,
     echo: bool = True,
 ) -> LaunchResult:
-    """Run the plan and supervise it until every rank ends, one fails or one stalls."""
+    """Run the plan and supervise it until every rank ends, one fails or one stalls. A job on
+    several hosts first checks that every host answers ssh and has the toolkit (one clear
+    error otherwise), and at its end stops whatever it left on them."""
+    remote = _remote_hosts(plan, spec)
+    if remote is not None:
+        check_hosts(remote.ssh, remote.hosts, remote.python)
     if plan.argv is None:  # the toolkit's own launcher: every rank has its own command
         return run_local(
             plan.ranks[0].argv or [],
@@ -45,6 +61,7 @@ def execute(
             timeout=timeout,
             stall_timeout=stall_timeout,
             echo=echo,
+            remote=remote,
         )
     executable = find_launcher(plan.argv[0])
     if executable is None:
@@ -62,12 +79,41 @@ def execute(
         timeout=timeout,
         stall_timeout=stall_timeout,
         echo=echo,
-        heartbeat_host=_heartbeat_host(plan),
+        heartbeat_host=LOOPBACK if remote is None else remote.heartbeat_host,
+        remote=remote,
+        exported=plan.env,
     )
 
 
-def _heartbeat_host(plan: LaunchPlan) -> str:
-    """How the ranks reach this machine: loopback when they all run here, else its name."""
-    if all(rank.host in LOCAL_NAMES for rank in plan.ranks):
-        return LOOPBACK
-    return socket.gethostname()
+def _remote_hosts(plan: LaunchPlan, spec: TrainSpec) -> RemoteHosts | None:
+    """The job's other hosts, None when every rank runs here or the launcher places ranks
+    itself (srun: Slurm reaches its nodes, not ssh)."""
+    if plan.launcher not in (*engines.HOST_ORDER_LAUNCHERS, *engines.SSH_STARTED):
+        return None
+    hosts = tuple(dict.fromkeys(r.host for r in plan.ranks if r.host not in LOCAL_NAMES))
+    if not hosts:
+        return None
+    ordered = plan.launcher in engines.HOST_ORDER_LAUNCHERS
+    return RemoteHosts(
+        ssh=spec.launch.ssh,
+        python=spec.launch.python or sys.executable,
+        hosts=hosts,
+        heartbeat_host=_heartbeat_host(spec.launch.interface),
+        placement={rank.rank: rank.host for rank in plan.ranks} if ordered else {},
+        run_on=plan.run_on,
+        env_file=Path(plan.env_file) if plan.env_file else None,
+    )
+
+
+def _heartbeat_host(interface: str | None) -> str:
+    """How ranks on other hosts reach this machine: the address of the spec's interface, else
+    this machine's name."""
+    if interface is None:
+        return socket.gethostname()
+    for address in psutil.net_if_addrs().get(interface, []):
+        if address.family == socket.AF_INET:
+            return str(address.address)
+    raise ToolkitError(
+        f"launch.interface={interface!r}: this machine has no IPv4 address on it",
+        "name an interface `ip -brief address` lists with an IPv4 address",
+    )

@@ -37,10 +37,10 @@ from collections.abc import Mapping, Sequence
 from toolkit.errors import ToolkitError
 from toolkit.launch.job import LOOPBACK, Job
 from toolkit.launch.outcome import LaunchResult
+from toolkit.launch.remote import RemoteHosts
 from toolkit.ports import free_port
 from toolkit.rank_variables import (
     LOCAL_RANK_VARIABLES,
-    TOOLKIT_HEARTBEAT,
     TOOLKIT_LOCAL_RANK,
     TOOLKIT_MASTER_ADDR,
     TOOLKIT_MASTER_PORT,
@@ -70,20 +70,51 @@ def run_launcher(
     grace: float = DEFAULT_GRACE_SECONDS,
     echo: bool = True,
     heartbeat_host: str = LOOPBACK,
+    remote: RemoteHosts | None = None,
+    exported: Mapping[str, str] | None = None,
 ) -> LaunchResult:
     """Run one launcher command (an argv list, never a shell string) and supervise its tree.
     TOOLKIT_* rank variables are removed from its environment: they come first in detection,
     so ranks of a launch started from inside a toolkit-launched rank would otherwise inherit
     the outer rank's identity. `heartbeat_host` is this machine's name as the ranks' hosts
-    reach it (loopback when every rank runs here)."""
+    reach it (loopback when every rank runs here).
+
+    With `remote` (a job on several hosts): the launcher runs once on each of `remote.run_on`
+    (over ssh where the host is another one) with `exported` and the supervisor's variables,
+    what the job leaves on the remote hosts is swept away at its end, and `remote.env_file`
+    (when set) receives `exported` and the supervisor's variables for the launcher to export."""
     source = os.environ if env is None else env
     base = {k: v for k, v in source.items() if k not in LOCAL_RANK_VARIABLES}
     base.setdefault("PYTHONUNBUFFERED", "1")
-    job = Job(timeout, stall_timeout, grace, echo, heartbeat_host)
-    base |= {TOOLKIT_HEARTBEAT: job.heartbeat_address, TOOLKIT_TAG_OUTPUT: "1"}
+    job = _job(timeout, stall_timeout, grace, echo, heartbeat_host, remote)
+    supervisor = job.supervisor_env() | {TOOLKIT_TAG_OUTPUT: "1"}
+    base |= supervisor
+    forwarded = {**(exported or {}), **supervisor}
     with job.starting():
-        job.start(argv, base, rank=None)
+        if remote is not None and remote.run_on:
+            for host in remote.run_on:
+                label = f"{os.path.basename(argv[0])} on {host}"
+                job.start(remote.command(host, argv, forwarded), base, rank=None, label=label)
+        else:
+            if remote is not None and remote.env_file is not None:
+                base[remote.env_variable] = str(remote.write_env_file(forwarded))
+            job.start(argv, base, rank=None)
     return job.supervise()
+
+
+def _job(
+    timeout: float | None,
+    stall_timeout: float | None,
+    grace: float,
+    echo: bool,
+    heartbeat_host: str,
+    remote: RemoteHosts | None,
+) -> Job:
+    if remote is None:
+        return Job(timeout, stall_timeout, grace, echo, heartbeat_host)
+    job = Job(timeout, stall_timeout, grace, echo, heartbeat_host, placement=remote.placement)
+    job.on_teardown = lambda: remote.reap(job.job_id)
+    return job
 
 
 def run_local(
@@ -98,29 +129,36 @@ def run_local(
     stall_timeout: float | None = DEFAULT_STALL_SECONDS,
     grace: float = DEFAULT_GRACE_SECONDS,
     echo: bool = True,
+    remote: RemoteHosts | None = None,
 ) -> LaunchResult:
     """Start `nprocs` copies of argv on this machine, rank i with TOOLKIT_RANK=i etc., and
     supervise them. `rank_envs[i]`, when given, adds rank i's own variables (TF_CONFIG).
     PYTHONUNBUFFERED=1 is set unless given, so that output arrives as it is written and the
-    stderr tail of a killed rank is not lost in its buffer."""
+    stderr tail of a killed rank is not lost in its buffer. With `remote`, a rank placed on
+    another host runs there over ssh with its own variables and the supervisor's."""
     if nprocs < 1:
         raise ToolkitError(f"nprocs={nprocs}: must be at least 1.", "start one or more ranks")
     port = free_port(master_addr) if master_port is None else master_port
     base = {k: v for k, v in (os.environ if env is None else env).items()}
     base.setdefault("PYTHONUNBUFFERED", "1")
     base.pop(TOOLKIT_TAG_OUTPUT, None)  # each local rank has pipes of its own
-    job = Job(timeout, stall_timeout, grace, echo, LOOPBACK)
+    heartbeat_host = LOOPBACK if remote is None else remote.heartbeat_host
+    job = _job(timeout, stall_timeout, grace, echo, heartbeat_host, remote)
     with job.starting():
         for rank in range(nprocs):
             own = dict(rank_envs[rank]) if rank_envs else {}
-            rank_env = base | own
-            rank_env |= {
+            own.setdefault(TOOLKIT_LOCAL_RANK, str(rank))
+            own |= {
                 TOOLKIT_RANK: str(rank),
-                TOOLKIT_LOCAL_RANK: str(rank),
                 TOOLKIT_WORLD_SIZE: str(nprocs),
                 TOOLKIT_MASTER_ADDR: master_addr,
                 TOOLKIT_MASTER_PORT: str(port),
-                TOOLKIT_HEARTBEAT: job.heartbeat_address,
+                **job.supervisor_env(),
             }
-            job.start(argv, rank_env, rank=rank)
+            host = None if remote is None else remote.placement.get(rank)
+            if host is not None and remote is not None and remote.is_remote(host):
+                remote_env = {"PYTHONUNBUFFERED": "1", **own}
+                job.start(remote.command(host, argv, remote_env), base, rank=rank)
+            else:
+                job.start(argv, base | own, rank=rank)
     return job.supervise()

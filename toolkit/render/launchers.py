@@ -18,10 +18,17 @@ Launcher notes:
   `.py` scripts with its own interpreter, so `python X.py` is given to it as `X.py`. A hostfile
   is only passed for remote or several hosts: with any hostfile it takes the multi-node path
   and checks ssh even to localhost.
-- torchrun: c10d rendezvous at master_addr:master_port; the same command runs on every host.
+- torchrun: c10d rendezvous at master_addr:master_port; the same command runs on every host
+  (`toolkit launch` starts it on each host over ssh: `LaunchPlan.run_on`).
 - mpirun: `--bind-to none` (ranks share few cores), `-x NAME` forwards each variable the plan
   sets, `--allow-run-as-root` only for uid 0, `--oversubscribe` only when np exceeds the slots
   (the hosts' slots, or the cores without hosts).
+- Several hosts: `launch.ssh` reaches each launcher in its own form (mpirun's plm_rsh_args,
+  horovodrun's --ssh-port/--ssh-identity-file, pdsh's PDSH_SSH_ARGS_APPEND with the deepspeed
+  launcher's --ssh_port), and `launch.interface` as mpirun's btl/oob_tcp_if_include,
+  horovodrun's --network-interfaces and GLOO_SOCKET_IFNAME (torch's Gloo, DDP and DeepSpeed).
+  Variables reach remote ranks by `-x` (mpirun), horovodrun's own export of its environment,
+  or the file the deepspeed launcher exports to every host (`LaunchPlan.env_file`).
 
 Longer than most modules on purpose: one plan builder per launcher, read top to bottom beside
 the notes above, sharing the per-rank variable helpers; split, the notes and the builders they
@@ -67,6 +74,9 @@ class LaunchContext:
     """Interpreter for .py scripts when the spec's launch.python is not set."""
     run_dir: str = ".toolkit"
     """Directory for generated files such as the deepspeed hostfile."""
+    forward: tuple[str, ...] = ()
+    """Variables the caller adds to the launcher's environment when it runs the plan (the
+    supervisor's), which the launcher must carry to every rank, including remote ones."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,6 +109,12 @@ class LaunchPlan:
     """Files to write before launching: path -> content."""
     note: str | None = None
     """Anything the user must do by hand, e.g. run the command on every host."""
+    run_on: tuple[str, ...] = ()
+    """Hosts on which `argv` itself runs, once each (torchrun on several hosts; `toolkit
+    launch` starts it there over ssh); empty = once, on this machine."""
+    env_file: str | None = None
+    """A file of NAME=VALUE lines the launcher exports on every host (the deepspeed launcher's
+    DS_ENV_FILE): the runner writes `env` and the forwarded variables into it."""
 
 
 Builder = Callable[[TrainSpec, list[str], LaunchContext], LaunchPlan]
@@ -114,11 +130,14 @@ def program(spec: TrainSpec, command: Sequence[str], ctx: LaunchContext) -> list
 
 
 def base_env(spec: TrainSpec) -> dict[str, str]:
-    """Variables every rank gets from the toolkit: threads, Horovod settings, launch.env."""
+    """Variables every rank gets from the toolkit: threads, Horovod settings, the network
+    interface for torch's Gloo, launch.env."""
     env = {"OMP_NUM_THREADS": str(spec.launch.threads_per_rank)}
     job_env = _engine(spec).job_env
     if job_env is not None:
         env.update(_resolve(job_env)(spec))
+    if spec.launch.interface is not None:
+        env["GLOO_SOCKET_IFNAME"] = spec.launch.interface
     env.update(spec.launch.env)
     return env
 
@@ -163,6 +182,19 @@ def _is_local(spec: TrainSpec) -> bool:
     return all(host.name in LOCAL_NAMES for host in spec.hosts) and len(spec.hosts) <= 1
 
 
+def _mpirun_remote_options(spec: TrainSpec) -> list[str]:
+    """Open MPI's options for reaching other hosts (its ssh) and its TCP interface."""
+    options: list[str] = []
+    ssh = spec.launch.ssh.options()
+    if ssh:  # one element: Open MPI splits it at spaces (the spec refuses paths with spaces)
+        options += ["--mca", "plm_rsh_args", " ".join(ssh)]
+    interface = spec.launch.interface
+    if interface is not None:
+        options += ["--mca", "btl_tcp_if_include", interface]
+        options += ["--mca", "oob_tcp_if_include", interface]
+    return options
+
+
 def mpirun(spec: TrainSpec, command: list[str], ctx: LaunchContext) -> LaunchPlan:
     """Open MPI's mpirun."""
     env = base_env(spec)
@@ -176,7 +208,9 @@ def mpirun(spec: TrainSpec, command: list[str], ctx: LaunchContext) -> LaunchPla
     if spec.world_size > capacity:
         argv.append("--oversubscribe")
     argv += ["--bind-to", "none", "--map-by", "slot"]
-    for name in env:
+    if not _is_local(spec):
+        argv += _mpirun_remote_options(spec)
+    for name in [*env, *ctx.forward]:
         argv += ["-x", name]
     argv += program(spec, command, ctx)
     return LaunchPlan(
@@ -209,11 +243,33 @@ def _horovod_gloo_env(spec: TrainSpec, slot: Slot, cross: dict[int, list[int]]) 
     }
 
 
+def _horovodrun_remote_options(spec: TrainSpec) -> list[str]:
+    """horovodrun's ssh and interface options (it exports its whole environment itself)."""
+    if _is_local(spec):
+        return []
+    ssh, options = spec.launch.ssh, []
+    if ssh.config_file is not None:
+        raise SpecError.single(
+            "launch.ssh.config_file",
+            ssh.config_file,
+            "horovodrun has no option for an ssh configuration file",
+            hint="put its settings in ~/.ssh/config, or use launch.ssh.port and identity_file",
+        )
+    if ssh.port is not None:
+        options += ["--ssh-port", str(ssh.port)]
+    if ssh.identity_file is not None:
+        options += ["--ssh-identity-file", ssh.identity_file]
+    if spec.launch.interface is not None:
+        options += ["--network-interfaces", spec.launch.interface]
+    return options
+
+
 def horovodrun(spec: TrainSpec, command: list[str], ctx: LaunchContext) -> LaunchPlan:
     """Horovod's horovodrun, with the Gloo or MPI controller (it adds the MPI root flag)."""
     hosts = ",".join(host.entry() for host in job_hosts(spec))
     argv = ["horovodrun", "-np", str(spec.world_size), "-H", hosts]
-    argv += horovod.horovodrun_flags(spec) + program(spec, command, ctx)
+    argv += horovod.horovodrun_flags(spec) + _horovodrun_remote_options(spec)
+    argv += program(spec, command, ctx)
     if spec.horovod.controller == "gloo":
         cross = _cross_nodes(rank_layout(spec))
         ranks = _ranks(spec, lambda s: _horovod_gloo_env(spec, s, cross))
@@ -238,16 +294,36 @@ def _as_deepspeed_runs_it(command: list[str]) -> list[str]:
     return command
 
 
+def _deepspeed_remote_options(spec: TrainSpec, env: dict[str, str]) -> list[str]:
+    """The deepspeed launcher's ssh options; `env` gets pdsh's. Its own ssh check runs a bare
+    `ssh -p PORT HOST hostname` that knows no identity or config file, so with those it is
+    skipped: `toolkit launch` checks every host with the spec's settings before starting."""
+    ssh, options = spec.launch.ssh, []
+    if ssh.port is not None:
+        options += ["--ssh_port", str(ssh.port)]
+    pdsh_args = ["-F", ssh.config_file] if ssh.config_file else []
+    if ssh.identity_file:
+        pdsh_args += ["-i", ssh.identity_file]
+    if pdsh_args:
+        env["PDSH_SSH_ARGS_APPEND"] = " ".join(pdsh_args)
+        options.append("--no_ssh_check")
+    return options
+
+
 def deepspeed(spec: TrainSpec, command: list[str], ctx: LaunchContext) -> LaunchPlan:
     """The deepspeed launcher (pdsh/openmpi/mvapich/slurm underneath for several hosts)."""
     argv = ["deepspeed"]
     files: dict[str, str] = {}
+    env = base_env(spec)
+    env_file = None
     hosts = job_hosts(spec)
     if not _is_local(spec):
         path = f"{ctx.run_dir}/hostfile"
         files[path] = hostfile(spec)
         argv += ["--hostfile", path, "--launcher", spec.launch.multinode_launcher]
         argv += ["--num_nodes", str(len(hosts))]
+        argv += _deepspeed_remote_options(spec, env)
+        env_file = f"{ctx.run_dir}/deepspeed_env"
     per_node = uniform_slots(spec)
     if per_node is not None:
         argv += ["--num_gpus", str(per_node)]
@@ -269,7 +345,12 @@ def deepspeed(spec: TrainSpec, command: list[str], ctx: LaunchContext) -> Launch
         return env
 
     return LaunchPlan(
-        launcher="deepspeed", argv=argv, env=base_env(spec), ranks=_ranks(spec, env_of), files=files
+        launcher="deepspeed",
+        argv=argv,
+        env=env,
+        ranks=_ranks(spec, env_of),
+        files=files,
+        env_file=env_file,
     )
 
 
@@ -292,9 +373,15 @@ def torchrun(spec: TrainSpec, command: list[str], ctx: LaunchContext) -> LaunchP
         env.update(GROUP_RANK=str(slot.node), MASTER_ADDR=RUNTIME, MASTER_PORT=RUNTIME)
         return env
 
-    note = f"run this command on each of the {len(hosts)} hosts" if len(hosts) > 1 else None
+    several = len(hosts) > 1
+    note = f"run this command on each of the {len(hosts)} hosts" if several else None
     return LaunchPlan(
-        launcher="torchrun", argv=argv, env=base_env(spec), ranks=_ranks(spec, env_of), note=note
+        launcher="torchrun",
+        argv=argv,
+        env=base_env(spec),
+        ranks=_ranks(spec, env_of),
+        note=note,
+        run_on=tuple(host.name for host in hosts) if several else (),
     )
 
 

@@ -18,7 +18,7 @@ from typing import Any
 from toolkit import engines
 from toolkit.spec.batch import batch_issues
 from toolkit.spec.errors import SpecIssue
-from toolkit.spec.hosts import LOCAL_NAMES, Host, parse_host
+from toolkit.spec.hosts import Host, parse_host
 from toolkit.spec.sections import (
     BatchSpec,
     HorovodSpec,
@@ -216,14 +216,6 @@ def _slot_issues(
             list(launch.hosts),
             f"{launcher} runs the same process count on every host: slots must be equal",
             "give every host the same slots, or use another launcher",
-        )
-    remote = len(hosts) > 1 or any(host.name not in LOCAL_NAMES for host in hosts)
-    if launcher == engines.SELF_LAUNCHER and remote:
-        yield _issue(
-            "launch.hosts",
-            list(launch.hosts),
-            "the local launcher starts ranks on this machine only (localhost)",
-            "use srun or mpirun for several hosts",
         )
 
 

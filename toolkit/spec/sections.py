@@ -32,6 +32,15 @@ TfCommunication = Literal["ring", "nccl", "auto"]
 MultinodeLauncher = Literal["pdsh", "openmpi", "mvapich", "slurm"]
 
 PathText = Annotated[str, Text("a path", "write a non-empty path on one line")]
+SshPath = Annotated[
+    str,
+    Text(
+        "a path without spaces (mpirun and pdsh split ssh options at spaces)",
+        "move the file to a path without spaces",
+        r"\S+",
+    ),
+]
+INTERFACE = r"[A-Za-z0-9_.:@-]{1,15}"
 DNS_LABEL = r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?"
 SLURM_TIME = r"(?:[0-9]+-)?[0-9]+(?::[0-9]{1,2}){0,2}"
 
@@ -358,6 +367,32 @@ class TfSpec(Section):
     )
 
 
+class SshSpec(Section):
+    """How `toolkit launch` and the launchers reach other hosts by ssh. Each value is passed to
+    every launcher in its own form (mpirun's plm_rsh_args, horovodrun's --ssh-port and
+    --ssh-identity-file, pdsh's PDSH_SSH_ARGS_APPEND, the toolkit's own ssh for torchrun and
+    the local launcher); null leaves it to ssh's own configuration (~/.ssh/config)."""
+
+    port: int | None = Field(default=None, ge=1, le=65535, description="sshd port on the hosts.")
+    identity_file: SshPath | None = Field(
+        default=None, description="Private key (ssh -i); relative to the working directory."
+    )
+    config_file: SshPath | None = Field(
+        default=None,
+        description="ssh client configuration (ssh -F), e.g. for host keys; not honoured by "
+        "horovodrun, which has no such option.",
+    )
+
+    def options(self) -> list[str]:
+        """ssh's own options for these settings, in the order ssh reads them."""
+        options = ["-F", self.config_file] if self.config_file else []
+        if self.port is not None:
+            options += ["-p", str(self.port)]
+        if self.identity_file:
+            options += ["-i", self.identity_file]
+        return options
+
+
 class LaunchSpec(Section):
     """How the ranks are started: launcher, process count and where they run."""
 
@@ -395,6 +430,17 @@ class LaunchSpec(Section):
         ge=1,
         le=65535,
         description="Rendezvous port (torch.distributed, DeepSpeed, torchrun).",
+    )
+    ssh: SshSpec = Field(
+        default_factory=SshSpec, description="How ranks on other hosts are reached by ssh."
+    )
+    interface: (
+        Annotated[str, Text("a network interface name", "e.g. eth0 or lo", INTERFACE)] | None
+    ) = Field(
+        default=None,
+        description="Network interface for traffic between ranks on several hosts "
+        "(mpirun btl/oob_tcp_if_include, horovodrun --network-interfaces, "
+        "GLOO_SOCKET_IFNAME); null = each engine's own choice.",
     )
     multinode_launcher: MultinodeLauncher = Field(
         default="pdsh",
