@@ -19,12 +19,12 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import psutil
 
 from toolkit.errors import ToolkitError
-from toolkit.launch.heartbeat import Heartbeats, RankRecord
+from toolkit.launch.heartbeat import INTERVAL, Heartbeats, RankRecord
 from toolkit.launch.outcome import (
     INTERRUPTED,
     SIGNAL_BASE,
@@ -47,6 +47,9 @@ UNSEEN_END_GRACE_SECONDS = 20.0
 launcher took more than the 5 s grace to exit after both ranks exited 0, and the job was
 stopped as failed. A known failed status keeps the short grace."""
 LOOPBACK = "127.0.0.1"
+SILENT_NOTE_SECONDS = 3 * INTERVAL
+"""A rank silent this long when another rank fails is named in the report: a lost host kills
+its ranks without a word, and its peers then fail first in the report's order."""
 
 
 @dataclass
@@ -207,7 +210,7 @@ class Job:
             self.heartbeats.drain()
             ending = self._children_ending() or self._rank_ending() or self._stall_ending()
             if ending is not None:
-                return ending
+                return self._with_silent_ranks(ending)
             if signal.SIGINT in received:
                 return _Ending(INTERRUPTED, "interrupted; stopped every rank")
             if signal.SIGTERM in received:
@@ -284,6 +287,25 @@ class Job:
         silence = now - stalled.last_beat
         reason = f"{self._named(stalled)} stalled (no heartbeat for {silence:.0f} s)"
         return _Ending(TIMED_OUT, reason, stalled.rank, self._host(stalled))
+
+    def _with_silent_ranks(self, ending: _Ending) -> _Ending:
+        """A failure reported while other ranks had already gone silent names those too."""
+        if ending.returncode == 0:
+            return ending
+        now = time.monotonic()
+        silent = [
+            record
+            for record in self.heartbeats.ranks.values()
+            if not record.ended
+            and record.rank != ending.rank
+            and now - record.last_beat >= SILENT_NOTE_SECONDS
+        ]
+        if not silent:
+            return ending
+        named = ", ".join(
+            f"{self._named(r)} (no heartbeat for {now - r.last_beat:.0f} s)" for r in silent
+        )
+        return replace(ending, reason=f"{ending.reason}; already silent: {named}")
 
     def _teardown(self) -> None:
         self.tree.stop(self.grace)

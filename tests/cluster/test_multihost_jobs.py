@@ -1,0 +1,208 @@
+"""Jobs on two hosts through `toolkit launch` and the real launchers, and faults between hosts.
+
+The hosts are 127.0.0.2 and 127.0.0.3 behind the private sshds (tests/cluster/sshd.py), one
+rank each. The spec reaches them as a user's would: `launch.hosts`, the sshd's port and key in
+`launch.ssh`, host keys in `launch.ssh.config_file`, traffic on `launch.interface: lo`.
+
+Parity: each engine trains the parity model on both hosts and must end with the weights of the
+single-process reference, like the one-host parity cases (toolkit.parity). By default a
+representative subset runs (one case per launcher that reaches other hosts); set
+`TOOLKIT_CLUSTER=full` for every engine × launcher pair listed in FULL.
+
+Not run here, with the reason:
+- TF MultiWorkerMirrored across the loopback hosts: TensorFlow's gRPC server binds
+  0.0.0.0:port, and worker ports count from `tf.port` on each host, so two "hosts" on one
+  machine collide ("Could not start gRPC server"); on separate machines they do not. The local
+  launcher's ssh path is covered by DDP under `local`.
+- A network partition: ranks talk over 127.0.0.1 (lo's address), not the host addresses, so
+  dropping a host address's traffic would cut ssh but not the ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import yaml
+
+from tests.cluster.sshd import SshCluster, start_ssh_cluster
+from tests.realrun import BIN, PYTHON, ROOT, SPECS, rank_env
+from tests.supervised import CONTRACT_SECONDS
+from toolkit.parity.cases import all_cases, merge
+from toolkit.parity.harness import Harness
+from toolkit.ports import free_port
+
+pytestmark = [pytest.mark.cluster, pytest.mark.multiproc]
+
+HOSTS = ["127.0.0.2:1", "127.0.0.3:1"]
+SUBSET = [
+    ("zero2/deepspeed:mlp:adamw", None),
+    ("horovod/horovodrun-gloo:mlp:adamw", None),
+    ("ddp/torchrun:mlp:adamw", None),
+    ("ddp/torchrun:mlp:adamw", "local"),
+]
+FULL = [
+    *SUBSET,
+    ("ddp/torchrun:mlp:adamw", "mpirun"),
+    ("horovod/mpirun:mlp:adamw", None),
+    ("zero3/deepspeed:mlp:adamw", None),
+    ("pipeline2/deepspeed:mlp:adamw", None),
+    ("horovod-tf/horovodrun-gloo:mlp:adamw", None),
+]
+CASES = FULL if os.environ.get("TOOLKIT_CLUSTER") == "full" else SUBSET
+STALL_SECONDS = 8.0
+UP_SECONDS = 240.0
+SCRIPT = str(ROOT / "tests" / "scripts" / "stall_train.py")
+
+
+def two_host_launch(cluster: SshCluster, launcher: str | None) -> dict[str, Any]:
+    launch: dict[str, Any] = {**cluster.launch_section(), "hosts": HOSTS}
+    if launcher is not None:
+        launch["launcher"] = launcher
+    return launch
+
+
+@pytest.fixture(scope="module")
+def harness(tmp_path_factory: pytest.TempPathFactory) -> Harness:
+    """One harness for the module: the single-process reference runs once."""
+    return Harness(tmp_path_factory.mktemp("multihost-parity"))
+
+
+@pytest.mark.usefixtures("no_ssh_leftovers")
+@pytest.mark.parametrize(
+    ("name", "launcher"), CASES, ids=[f"{name}@{launcher or 'own'}" for name, launcher in CASES]
+)
+def test_two_hosts_train_to_the_reference_weights(
+    ssh_cluster: SshCluster,
+    harness: Harness,
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    launcher: str | None,
+) -> None:
+    (case,) = [case for case in all_cases() if case.name == name]
+    launch = two_host_launch(ssh_cluster, launcher)
+    if (launcher or case.launcher) == "horovodrun":
+        # horovodrun has no option for an ssh config file: the host-key settings come from
+        # the ssh on PATH, as from ~/.ssh/config on a real cluster.
+        del launch["ssh"]["config_file"]
+        monkeypatch.setenv("PATH", ssh_cluster.env()["PATH"])
+    case = dataclasses.replace(case, spec=merge(case.spec, {"launch": launch}))
+    outcome = harness.run_case(case, index=len(harness.references))
+    assert outcome.status == "pass", outcome
+
+
+def stall_spec(cluster: SshCluster, launcher: str, directory: Path) -> Path:
+    spec: dict[str, Any] = yaml.safe_load((SPECS / "ddp.yaml").read_text())
+    spec["launch"] = {**two_host_launch(cluster, launcher), "master_port": free_port()}
+    spec["timeouts"] = {"stall_s": STALL_SECONDS, "collective_s": 600}
+    path = directory / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def start_job(spec: Path, directory: Path) -> tuple[subprocess.Popen[bytes], Path, Path]:
+    piddir, log = directory / "pids", directory / "job.log"
+    piddir.mkdir()
+    argv = [str(BIN / "toolkit"), "launch", "--spec", str(spec), "--"]
+    with log.open("wb") as sink:
+        job = subprocess.Popen(
+            [*argv, PYTHON, SCRIPT, str(piddir), str(spec)],
+            cwd=ROOT, env=rank_env(), stdout=sink, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    return job, piddir, log
+
+
+def wait_for_ranks(piddir: Path, job: subprocess.Popen[bytes], log: Path) -> dict[int, int]:
+    deadline = time.monotonic() + UP_SECONDS
+    while time.monotonic() < deadline:
+        assert job.poll() is None, f"the job ended before training: {log.read_text()[-3000:]}"
+        pids = {int(p.name): int(p.read_text()) for p in piddir.iterdir() if p.name.isdigit()}
+        if len(pids) == 2:
+            return pids
+        time.sleep(0.2)
+    raise AssertionError(f"2 ranks did not train within {UP_SECONDS:g} s: {log.read_text()}")
+
+
+def ended(job: subprocess.Popen[bytes], bound: float) -> tuple[int, float]:
+    """(status, seconds) of a job that must end by itself within `bound`."""
+    started = time.monotonic()
+    try:
+        return job.wait(timeout=bound), time.monotonic() - started
+    finally:
+        job.kill()
+        job.wait()
+
+
+def assert_nothing_left(cluster: SshCluster) -> None:
+    deadline = time.monotonic() + 15
+    while cluster.processes() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = cluster.processes()
+    assert not left, [p.cmdline() for p in left]
+
+
+@pytest.mark.usefixtures("no_ssh_leftovers", "no_orphans")
+def test_a_rank_stopped_on_a_remote_host_ends_the_job(
+    ssh_cluster: SshCluster, tmp_path: Path
+) -> None:
+    """SIGSTOP on the rank of 127.0.0.3 (mpirun placed it there): the stall timeout ends the
+    job naming that rank and host, and the sweep kills the stopped rank there (mpirun's own
+    teardown cannot: a stopped process does not act on SIGTERM)."""
+    job, piddir, log = start_job(stall_spec(ssh_cluster, "mpirun", tmp_path), tmp_path)
+    try:
+        ranks = wait_for_ranks(piddir, job, log)
+        os.kill(ranks[1], signal.SIGSTOP)
+    except BaseException:
+        job.kill()
+        raise
+    status, seconds = ended(job, STALL_SECONDS + CONTRACT_SECONDS)
+    output = log.read_text()
+    print(f"ended {seconds:.1f} s after SIGSTOP")
+    assert status == 124, output[-3000:]
+    assert "rank 1 on host 127.0.0.3 stalled (no heartbeat for " in output, output[-3000:]
+    assert_nothing_left(ssh_cluster)
+
+
+@pytest.mark.usefixtures("no_orphans")
+def test_a_lost_host_ends_the_job(tmp_path: Path) -> None:
+    """Host 127.0.0.3 is lost mid-run: its sshd stops and every process on it freezes
+    (SIGSTOP: like a host that lost power or its network, it sends nothing and closes nothing,
+    so its peers wait instead of failing). The job ends by itself within the stall timeout,
+    names the lost rank and host, and leaves nothing on the host that is still there; what is
+    on the lost host is beyond reach (the test kills it afterwards). A cluster of its own:
+    this test takes a host away."""
+    with start_ssh_cluster(tmp_path / "ssh") as cluster:
+        job, piddir, log = start_job(stall_spec(cluster, "torchrun", tmp_path), tmp_path)
+        lost: list[psutil.Process] = []
+        try:
+            wait_for_ranks(piddir, job, log)
+            listener = psutil.Process(cluster.daemons["127.0.0.3"].popen.pid)
+            lost = listener.children(recursive=True)  # its ssh sessions and what they run
+            for process in lost:
+                process.suspend()
+            listener.kill()
+            status, seconds = ended(job, STALL_SECONDS + CONTRACT_SECONDS)
+            still_there = [p.cmdline() for p in cluster.processes("127.0.0.2")]
+        finally:
+            job.kill()
+            for process in lost:
+                with contextlib.suppress(psutil.Error):
+                    process.kill()
+        output = log.read_text()
+        print(f"ended {seconds:.1f} s after the host was lost; status {status}")
+        assert lost, "nothing ran on 127.0.0.3"
+        assert status == 124, output[-3000:]
+        # torchrun's rendezvous decides which host gets rank 0
+        assert re.search(r"rank \d on host 127\.0\.0\.3 stalled \(no heartbeat for ", output), (
+            output[-3000:]
+        )
+        assert still_there == []
