@@ -80,6 +80,10 @@ SSH_STARTED: tuple[Launcher, ...] = ("torchrun", "local")
 """Launchers that reach no other host themselves: `toolkit launch` starts them (torchrun once
 per host) or their ranks (local) on the other hosts over ssh."""
 
+ALLOCATION_LAUNCHERS: tuple[Launcher, ...] = ("srun", "mpirun")
+"""Launchers that fill a Slurm allocation: `toolkit launch` inside salloc or an sbatch script
+takes the allocation's task count when the spec fixes none."""
+
 PIPELINE_MAX_ZERO_STAGE = 1
 """Highest ZeRO stage a pipeline-parallel engine runs (DeepSpeed's PipelineEngine: 0 or 1)."""
 

@@ -16,19 +16,23 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import shlex
 import sys
+from collections.abc import Mapping
 from typing import Any
 
+from toolkit import engines
 from toolkit.backends.registry import check_launcher
 from toolkit.commands._output import add_spec
 from toolkit.errors import ToolkitError
 from toolkit.launch.heartbeat import INTERVAL
 from toolkit.launch.outcome import EXIT_STATUS_HELP
 from toolkit.launch.runner import execute, machine_context
+from toolkit.launch.slurm import allocation_tasks
 from toolkit.launch.supervisor import DEFAULT_STALL_SECONDS
 from toolkit.render.launchers import LaunchPlan, launch_plan
-from toolkit.spec import load_spec
+from toolkit.spec import TrainSpec, load_spec
 
 
 def _env_line(env: dict[str, str]) -> str:
@@ -73,11 +77,26 @@ def seconds(option: str, text: str | None, minimum: float = 0.0) -> float | None
     return value
 
 
+def within_allocation(spec: TrainSpec, environ: Mapping[str, str]) -> TrainSpec:
+    """Inside a Slurm allocation, a spec that fixes no process count under srun or mpirun
+    runs as many ranks as the allocation has tasks, as `srun script` and `mpirun script` do
+    there (said on stderr); otherwise the spec as it is."""
+    tasks = allocation_tasks(environ)
+    if tasks is None or spec.fixed_world_size is not None:
+        return spec
+    if spec.launcher not in engines.ALLOCATION_LAUNCHERS:
+        return spec
+    print(f"toolkit launch: np {tasks} from the Slurm allocation (SLURM_NTASKS)", file=sys.stderr)
+    data = spec.to_dict()
+    data["launch"]["np"] = tasks
+    return TrainSpec.from_dict(data)
+
+
 def run(args: argparse.Namespace) -> int:
     timeout = seconds("--timeout", args.timeout)
     # Ranks beat once a second: a shorter stall timeout would stop healthy jobs.
     stall_timeout = seconds("--stall-timeout", args.stall_timeout, minimum=2 * INTERVAL)
-    spec = load_spec(args.spec)
+    spec = within_allocation(load_spec(args.spec), os.environ)
     check_launcher(spec.backend, spec.framework_name, spec.launcher)
     plan = launch_plan(spec, args.command, machine_context())
     if args.dry_run:

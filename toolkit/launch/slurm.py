@@ -18,6 +18,16 @@ _HINT = "srun writes this variable itself; unset any value exported by hand"
 _TASKS_ITEM = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
 
 
+def allocation_tasks(environ: Mapping[str, str]) -> int | None:
+    """Tasks of the Slurm allocation this process runs in (salloc, or an sbatch script), from
+    SLURM_NTASKS (SLURM_NPROCS on old Slurm); None outside an allocation or when it was made
+    without a task count."""
+    if "SLURM_JOB_ID" not in environ:
+        return None
+    text = environ.get("SLURM_NTASKS") or environ.get("SLURM_NPROCS") or ""
+    return int(text) if text.isascii() and text.isdigit() and int(text) > 0 else None
+
+
 def expand_hostlist(text: str, source: str = "SLURM_JOB_NODELIST") -> tuple[str, ...]:
     """Expand a host list: "gpu[01-03,07],cpu1" -> gpu01, gpu02, gpu03, gpu07, cpu1. Zero
     padding is kept; several bracket groups in one name expand to their product. `source`
