@@ -5,6 +5,7 @@ tests/cluster/test_doctor_hosts.py."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -15,24 +16,16 @@ import pytest
 
 from toolkit.cli import main
 from toolkit.doctor import host_probe
-from toolkit.doctor.hosts import (
-    PACKAGES,
-    HostCheck,
-    HostFlags,
-    HostsReport,
-    HostsRequest,
-    compare,
-    hosts_request,
-    network_notes,
-    network_problems,
-    probe_argv,
-    problem_lines,
-)
+from toolkit.doctor.host_checks import compare, network_notes, network_problems
+from toolkit.doctor.hosts import PACKAGES, HostCheck, HostsReport, probe_argv, problem_lines
 from toolkit.doctor.hosts_format import format_hosts_report
+from toolkit.doctor.hosts_request import HostFlags, HostsRequest, hosts_request
 from toolkit.doctor.probe_protocol import Problem
 from toolkit.errors import ToolkitError
 from toolkit.spec import TrainSpec
 from toolkit.spec.sections import SshSpec
+
+ROOT = Path(__file__).resolve().parent.parent
 
 LO = {"lo": [{"address": "127.0.0.1", "netmask": "255.0.0.0"}], "eth0": [], "ib0": []}
 
@@ -62,9 +55,8 @@ def key(tmp_path: Path) -> str:
     return str(path)
 
 
-def test_spec_settings_are_used_and_flags_override_them(tmp_path: Path, key: str) -> None:
+def test_spec_settings_are_used_and_flags_override_them(key: str) -> None:
     spec = spec_with(
-        tmp_path,
         hosts=["node1:2", "node2:2"],
         ssh={"port": 2222, "identity_file": key},
         interface="eth0",
@@ -84,7 +76,7 @@ def test_spec_settings_are_used_and_flags_override_them(tmp_path: Path, key: str
     assert (overridden.interface, overridden.master_port) == ("lo", 30000)
 
 
-def test_master_addr_names_the_rendezvous_host(tmp_path: Path) -> None:
+def test_master_addr_names_the_rendezvous_host() -> None:
     spec = spec_with(hosts=["n1", "n2"], master_addr="n2")
     assert hosts_request(spec, HostFlags()).rendezvous == "n2"
 
@@ -127,7 +119,7 @@ def test_a_missing_key_named_by_the_spec_names_the_spec_field(tmp_path: Path) ->
         hosts_request(spec, HostFlags())
 
 
-def test_a_spec_without_hosts_has_nothing_to_check(tmp_path: Path) -> None:
+def test_a_spec_without_hosts_has_nothing_to_check() -> None:
     with pytest.raises(ToolkitError, match=r"launch\.hosts is empty"):
         hosts_request(spec_with(), HostFlags())
 
@@ -254,7 +246,7 @@ def test_package_versions_come_from_metadata() -> None:
 
 
 def test_every_problem_is_one_line_with_host_and_fix() -> None:
-    down = HostCheck(host="n2", problems=[Problem("ssh failed: Connection refused", "start sshd")])
+    down = HostCheck(host="n2", problems=[Problem("ssh failed: Connection\nrefused", "start sshd")])
     up = HostCheck(host="n1", facts=facts(), problems=network_problems(facts(), "ib1"))
     report = HostsReport(
         request=request(hosts=("n1", "n2")),
@@ -273,7 +265,7 @@ def test_every_problem_is_one_line_with_host_and_fix() -> None:
         "reached": False,
         "facts": None,
         "problems": [
-            {"message": "ssh failed: Connection refused", "fix": "start sshd", "blocking": True}
+            {"message": "ssh failed: Connection\nrefused", "fix": "start sshd", "blocking": True}
         ],
         "notes": [],
     }
@@ -293,3 +285,20 @@ def test_host_options_and_modes_are_checked_in_one_line(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("toolkit: error: "), err
+
+
+def test_without_the_dependencies_it_says_so_in_one_line(tmp_path: Path) -> None:
+    """The engine check runs on the standard library alone; --hosts needs pydantic and PyYAML
+    and says so (-S: no site-packages)."""
+    done = subprocess.run(
+        [sys.executable, "-S", "-m", "toolkit", "doctor", "--hosts", "a"],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stderr.startswith("toolkit: error: toolkit doctor --hosts needs the toolkit's")
+    assert done.stderr.count("\n") == 1

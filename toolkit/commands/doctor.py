@@ -83,10 +83,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_hosts(args: argparse.Namespace) -> int:
-    from toolkit.doctor.hosts import HostFlags, hosts_request, run_host_doctor
-    from toolkit.doctor.hosts_format import format_hosts_report
-    from toolkit.spec import load_spec
-
+    try:
+        from toolkit.doctor.hosts import run_host_doctor
+        from toolkit.doctor.hosts_format import format_hosts_report
+        from toolkit.doctor.hosts_request import HostFlags, hosts_request
+        from toolkit.spec import load_spec
+    except ImportError as missing:
+        raise ToolkitError(
+            f"toolkit doctor --hosts needs the toolkit's dependencies ({missing})",
+            "make setup (or pip install the toolkit with its dependencies)",
+        ) from None
     if args.engine:
         raise ToolkitError(
             "--engine checks this machine and does not combine with --hosts",

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,126 +22,22 @@ from typing import Any
 
 from toolkit import engines
 from toolkit.doctor import host_probe
+from toolkit.doctor.host_checks import (
+    SAME_ENVIRONMENT_FIX,
+    compare,
+    network_notes,
+    network_problems,
+)
+from toolkit.doctor.hosts_request import HostsRequest
 from toolkit.doctor.probe_protocol import Problem
-from toolkit.errors import ToolkitError
 from toolkit.launch.remote import ssh_argv
-from toolkit.spec.errors import SpecError
-from toolkit.spec.hosts import LOCAL_NAMES, parse_host
-from toolkit.spec.model import TrainSpec
-from toolkit.spec.sections import LaunchSpec, SshSpec
+from toolkit.spec.hosts import LOCAL_NAMES
 
 HOST_TIMEOUT_S = 30.0
 """Bound on one host's probe, ssh connection included (ssh itself gives up after 10 s)."""
 PACKAGES: tuple[str, ...] = (*dict.fromkeys(e.package for e in engines.ENGINES), "mpi4py")
 """Import names whose versions must match: every engine's package, and MPI's bindings."""
 THIS_MACHINE = "this machine"
-SAME_ENVIRONMENT_FIX = (
-    "install the same environment at the same path on every host (`make setup` in the same "
-    "checkout), or point launch.python at the interpreter there"
-)
-
-
-@dataclass(frozen=True, kw_only=True)
-class HostFlags:
-    """What the command line gave, as written; None = not given (the spec's value holds)."""
-
-    hosts: str | None = None
-    ssh_port: str | None = None
-    ssh_identity_file: str | None = None
-    ssh_config_file: str | None = None
-    interface: str | None = None
-    master_port: str | None = None
-
-
-_FLAG_OF_FIELD = {
-    "hosts": "--hosts",
-    "ssh.port": "--ssh-port",
-    "ssh.identity_file": "--ssh-identity-file",
-    "ssh.config_file": "--ssh-config-file",
-    "interface": "--interface",
-    "master_port": "--master-port",
-}
-
-
-@dataclass(frozen=True, kw_only=True)
-class HostsRequest:
-    """The hosts to check and how a job reaches them."""
-
-    hosts: tuple[str, ...]
-    ssh: SshSpec
-    python: str
-    """The interpreter, at the same path on every host."""
-    interface: str | None
-    rendezvous: str
-    master_port: int
-
-
-def hosts_request(spec: TrainSpec | None, flags: HostFlags) -> HostsRequest:
-    """The spec's launch settings with the flags over them; ToolkitError (one line naming the
-    flag or spec field) for a value the spec itself would refuse, a key or config file that
-    does not exist, or no hosts at all."""
-    base = spec.launch if spec is not None else LaunchSpec()
-    given: dict[str, Any] = {}
-    if flags.hosts is not None:
-        given["hosts"] = [entry.strip() for entry in flags.hosts.split(",")]
-    ssh_given = {
-        key: value
-        for key, value in (
-            ("port", _number(flags.ssh_port)),
-            ("identity_file", flags.ssh_identity_file),
-            ("config_file", flags.ssh_config_file),
-        )
-        if value is not None
-    }
-    if ssh_given:
-        given["ssh"] = {**base.ssh.model_dump(exclude_none=True), **ssh_given}
-    if flags.interface is not None:
-        given["interface"] = flags.interface
-    if flags.master_port is not None:
-        given["master_port"] = _number(flags.master_port)
-    try:
-        checked = LaunchSpec.model_validate(given)
-    except SpecError as error:
-        raise ToolkitError("; ".join(_flag_line(issue) for issue in error.issues)) from None
-    if flags.hosts is not None:
-        hosts = tuple(parse_host(entry).name for entry in checked.hosts)
-    elif spec is not None:
-        hosts = tuple(host.name for host in spec.hosts)
-    else:
-        raise ToolkitError("--hosts needs a list of hosts or --spec FILE", "write e.g. --hosts a,b")
-    if not hosts:
-        raise ToolkitError(
-            "the spec's launch.hosts is empty: no host to check",
-            "list the hosts in launch.hosts, or give --hosts a,b",
-        )
-    ssh = checked.ssh if ssh_given else base.ssh
-    for key, value in (("identity_file", ssh.identity_file), ("config_file", ssh.config_file)):
-        if value is not None and not Path(value).expanduser().is_file():
-            where = _FLAG_OF_FIELD[f"ssh.{key}"] if key in ssh_given else f"launch.ssh.{key}"
-            raise ToolkitError(
-                f"{where}={value!r}: no such file", "give the path of an existing file"
-            )
-    return HostsRequest(
-        hosts=hosts,
-        ssh=ssh,
-        python=base.python or sys.executable,
-        interface=flags.interface if flags.interface is not None else base.interface,
-        rendezvous=base.master_addr or hosts[0],
-        master_port=checked.master_port if flags.master_port is not None else base.master_port,
-    )
-
-
-def _number(text: str | None) -> int | str | None:
-    """A flag's digits as an int; anything else as written, for the spec's check to refuse."""
-    if text is not None and text.isascii() and text.isdigit() and len(text) <= 6:
-        return int(text)
-    return text
-
-
-def _flag_line(issue: Any) -> str:
-    name = issue.path.split("[")[0]
-    shown = f"{_FLAG_OF_FIELD.get(name, name)}={issue.shown_value()}: {issue.allowed}"
-    return f"{shown} HINT: {issue.hint}" if issue.hint else shown
 
 
 @dataclass
@@ -238,11 +133,11 @@ def _probe(request: HostsRequest, host: str | None) -> HostCheck:
             check=False,
         )
     except subprocess.TimeoutExpired:
+        fix = SAME_ENVIRONMENT_FIX
+        if host is not None:
+            fix = f"check that the host is up and answers `{_ssh_try(request, host)}`"
         check.problems.append(
-            Problem(
-                f"no answer within {HOST_TIMEOUT_S:g} s (ssh or the probe hung)",
-                f"check that the host is up and answers `{_ssh_try(request, check.host)}`",
-            )
+            Problem(f"no answer within {HOST_TIMEOUT_S:g} s (ssh or the probe hung)", fix)
         )
         return check
     except OSError as error:
@@ -280,92 +175,6 @@ def _ssh_try(request: HostsRequest, host: str) -> str:
     return shlex.join(["ssh", *request.ssh.options(), host, "true"])
 
 
-def compare(reference: dict[str, Any] | None, facts: dict[str, Any], python: str) -> list[Problem]:
-    """A host's toolkit, Python and packages against this machine's (None: unknown here, so
-    only the toolkit's import is checked)."""
-    toolkit = facts["toolkit"]
-    if toolkit["error"]:
-        return [
-            Problem(
-                f"{python} cannot import toolkit there ({toolkit['error']})", SAME_ENVIRONMENT_FIX
-            )
-        ]
-    if reference is None:
-        return []
-    problems = []
-    pairs = [
-        ("toolkit", reference["toolkit"]["version"], toolkit["version"]),
-        ("Python", reference["python_version"], facts["python_version"]),
-        *(
-            (name, version, facts["packages"].get(name))
-            for name, version in reference["packages"].items()
-        ),
-    ]
-    for name, here, there in pairs:
-        if here is None or here == there:
-            continue
-        what = f"{name} is not installed there" if there is None else f"{name} {there} there"
-        problems.append(
-            Problem(f"{what}, {here} here", f"install {name} {here} there; {SAME_ENVIRONMENT_FIX}")
-        )
-    return problems
-
-
-def network_problems(facts: dict[str, Any], interface: str | None) -> list[Problem]:
-    """The rendezvous port taken, and the named interface missing or without IPv4."""
-    problems = []
-    port = facts.get("port")
-    if port is not None and not port["free"]:
-        problems.append(
-            Problem(
-                f"rendezvous port {port['port']} is not free there ({port['error']})",
-                f"stop what listens on it (`ss -ltnp 'sport = :{port['port']}'` shows it), or "
-                "set launch.master_port (--master-port) to a free port",
-            )
-        )
-    interfaces = facts["interfaces"]
-    if interface is None:
-        return problems
-    if isinstance(interfaces, str):
-        problems.append(
-            Problem(f"cannot list interfaces there: {interfaces}", SAME_ENVIRONMENT_FIX)
-        )
-    elif not interfaces.get(interface):
-        what = "has no IPv4 address" if interface in interfaces else "does not exist"
-        problems.append(
-            Problem(
-                f"network interface {interface} {what} there (with IPv4: "
-                f"{_with_ipv4(interfaces) or 'none'})",
-                "set launch.interface (--interface) to an interface every host has with an "
-                "IPv4 address (`ip -brief address` lists them)",
-            )
-        )
-    return problems
-
-
-def network_notes(facts: dict[str, Any], interface: str | None) -> list[str]:
-    """Without a named interface: the interface that reaches the rendezvous host, and every
-    interface with IPv4 (information, not a problem)."""
-    interfaces = facts["interfaces"]
-    if interface is not None or isinstance(interfaces, str):
-        return []
-    route = facts.get("route") or {}
-    notes = [f"interfaces with IPv4: {_with_ipv4(interfaces) or 'none'}"]
-    if route.get("interface"):
-        notes.insert(
-            0,
-            f"traffic to {route['to']} leaves by {route['interface']} ({route['address']}); "
-            "set launch.interface to choose",
-        )
-    return notes
-
-
-def _with_ipv4(interfaces: dict[str, list[dict[str, str]]]) -> str:
-    return ", ".join(
-        f"{name} {entries[0]['address']}" for name, entries in interfaces.items() if entries
-    )
-
-
 def _json_line(stdout: str) -> dict[str, Any] | None:
     for line in reversed(stdout.strip().splitlines()):
         if line.startswith("{"):
@@ -383,9 +192,10 @@ def _last_line(text: str) -> str:
 
 
 def problem_lines(report: HostsReport) -> list[str]:
-    """Each problem as one line: host, what is wrong, the fix."""
+    """Each problem as one line: host, what is wrong, the fix (a remote error's own line
+    breaks folded)."""
     return [
-        f"{check.host}: {problem.message}. FIX: {problem.fix}"
+        " ".join(f"{check.host}: {problem.message}. FIX: {problem.fix}".split())
         for check in (report.reference, *report.hosts)
         for problem in check.problems
     ]
