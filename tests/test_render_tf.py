@@ -20,11 +20,12 @@ def test_tf_config_per_worker() -> None:
         tf.tf_config(spec, 3)
 
 
-def test_workers_on_several_hosts_count_ports_per_host() -> None:
+def test_worker_ports_are_unique_across_hosts() -> None:
+    """Hosts sharing a machine (containers, the loopback test hosts) must not collide."""
     spec = TrainSpec.from_dict(
         {"backend": "tf", "launch": {"launcher": "srun", "hosts": ["n1:2", "n2:2"]}}
     )
-    assert tf.worker_addresses(spec) == ["n1:12345", "n1:12346", "n2:12345", "n2:12346"]
+    assert tf.worker_addresses(spec) == ["n1:12345", "n1:12346", "n2:12347", "n2:12348"]
 
 
 @pytest.mark.parametrize(

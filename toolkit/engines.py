@@ -130,8 +130,8 @@ class Engine:
     """A job of one process runs several replicas in it (MirroredStrategy over
     `tf.local_devices`), which count as data-parallel ranks."""
     rank_ports: tuple[str, ...] = ()
-    """Spec fields ("section.key") holding the first of a range of ports, one per rank on a
-    host (port, port + 1, ...): each range must end at or below 65535."""
+    """Spec fields ("section.key") holding the first of a range of ports, one per rank of the
+    job (port, port + 1, ...): each range must end at or below 65535."""
 
     @property
     def name(self) -> str:

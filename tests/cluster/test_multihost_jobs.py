@@ -9,12 +9,11 @@ single-process reference, like the one-host parity cases (toolkit.parity). By de
 representative subset runs (one case per launcher that reaches other hosts); set
 `TOOLKIT_CLUSTER=full` for every engine × launcher pair listed in FULL.
 
-Not run here, with the reason:
-- TF MultiWorkerMirrored across the loopback hosts: TensorFlow's gRPC server binds
-  0.0.0.0:port, and worker ports count from `tf.port` on each host, so two "hosts" on one
-  machine collide ("Could not start gRPC server"); on separate machines they do not. The local
-  launcher's ssh path is covered by DDP under `local`.
-- A network partition: ranks talk over 127.0.0.1 (lo's address), not the host addresses, so
+TF MultiWorkerMirrored runs here because worker ports are unique across the job
+(toolkit.render.tf): with ports counted per host, the two loopback "hosts" collided in
+TensorFlow's gRPC server, which binds 0.0.0.0:port.
+
+Not run here, with the reason: a network partition: ranks talk over 127.0.0.1 (lo's address), not the host addresses, so
   dropping a host address's traffic would cut ssh but not the ranks.
 """
 
@@ -48,10 +47,11 @@ SUBSET = [
     ("zero2/deepspeed:mlp:adamw", None),
     ("horovod/horovodrun-gloo:mlp:adamw", None),
     ("ddp/torchrun:mlp:adamw", None),
-    ("ddp/torchrun:mlp:adamw", "local"),
+    ("tf-multiworker/local:mlp:adamw", None),
 ]
 FULL = [
     *SUBSET,
+    ("ddp/torchrun:mlp:adamw", "local"),
     ("ddp/torchrun:mlp:adamw", "mpirun"),
     ("horovod/mpirun:mlp:adamw", None),
     ("zero3/deepspeed:mlp:adamw", None),

@@ -1,7 +1,10 @@
 """TrainSpec -> tf.distribute settings: TF_CONFIG per worker and communication options.
 
-Pure: imports no engine. Worker i listens on host:port, with ports counting up from `tf.port`
-on each host, in the same rank order every launcher uses (hosts in order, slots filled).
+Pure: imports no engine. Worker i listens on its host at `tf.port` + i, in the same rank order
+every launcher uses (hosts in order, slots filled). Ports are unique across the job, not per
+host: TensorFlow's gRPC server binds 0.0.0.0:port, so "hosts" that share a machine (containers
+with host networking, the loopback test hosts) would otherwise collide ("Could not start gRPC
+server"); a firewall needs one port range either way.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from toolkit.spec import SpecError, TrainSpec
 
 def worker_addresses(spec: TrainSpec) -> list[str]:
     """host:port of every worker, by worker index."""
-    return [f"{slot.host}:{spec.tf.port + slot.local_rank}" for slot in rank_layout(spec)]
+    return [f"{slot.host}:{spec.tf.port + slot.rank}" for slot in rank_layout(spec)]
 
 
 def tf_config(spec: TrainSpec, index: int) -> str:

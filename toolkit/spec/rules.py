@@ -171,23 +171,22 @@ def launch_issues(launch: LaunchSpec, backend: str, framework: str | None) -> It
 def port_issues(
     launch: LaunchSpec, backend: str, framework: str | None, sections: Mapping[str, Any]
 ) -> Iterator[SpecIssue]:
-    """Port ranges (first port + ranks on one host) of the engine's rank ports, read from the
-    valid `sections` (section name -> section); checked when the spec fixes the ranks."""
+    """Port ranges (first port + one per rank of the job) of the engine's rank ports, read
+    from the valid `sections` (section name -> section); checked when the spec fixes the ranks."""
     world = fixed_world_size(launch)
     if world is None:
         return
-    per_host = max((host.slots for host in hosts_of(launch)), default=world)
     for field in engine_of(backend, framework).rank_ports:
         section, _, key = field.partition(".")
         if section not in sections:
             continue
         first = getattr(sections[section], key)
-        if first + per_host - 1 > MAX_PORT:
+        if first + world - 1 > MAX_PORT:
             yield _issue(
                 field,
                 first,
-                f"{per_host} ranks on one host need ports {first} to {first + per_host - 1}",
-                f"use a port at most {MAX_PORT - per_host + 1}",
+                f"{world} ranks need ports {first} to {first + world - 1}",
+                f"use a port at most {MAX_PORT - world + 1}",
             )
 
 

@@ -355,7 +355,8 @@ class TfSpec(Section):
         default=12345,
         ge=1,
         le=65535,
-        description="Port of the first worker on each host; the next ones there use port + 1, ...",
+        description="Port of worker 0; worker i listens at port + i on its host (unique "
+        "across the job, so workers on hosts that share a machine never collide).",
     )
     local_devices: int = Field(
         default=1,

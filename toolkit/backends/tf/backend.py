@@ -4,7 +4,7 @@
   MirroredStrategy keeps one replica on each (how to try data parallelism without GPUs).
 - Several processes: MultiWorkerMirroredStrategy over TF_CONFIG. The toolkit's own launcher
   writes TF_CONFIG for each rank; under mpirun the ranks agree on their addresses through MPI;
-  under srun they are the job's hosts with ports counting up from tf.port.
+  under srun they are the job's hosts; worker i listens at tf.port + i (toolkit.render.tf).
 
 Accumulation: TensorFlow has none of its own, so one compiled step runs every micro-batch of
 the step on each replica, sums the gradients locally and reduces once. Keras' optimizer then sums
@@ -86,12 +86,12 @@ class TFBackend(Backend):
 
             workers = gather_addresses(
                 single_host=self.env.local_world_size == self.env.world_size,
-                port=self.spec.tf.port + self.env.local_rank,
+                port=self.spec.tf.port + self.env.rank,
             )
         elif self.env.hosts:
             per_host = self.env.local_world_size
             workers = [
-                f"{self.env.hosts[rank // per_host]}:{self.spec.tf.port + rank % per_host}"
+                f"{self.env.hosts[rank // per_host]}:{self.spec.tf.port + rank}"
                 for rank in range(self.env.world_size)
             ]
         else:
