@@ -24,4 +24,4 @@ unit:
 	$(BIN)/pytest -q -m "not multiproc"
 
 test: setup lint typecheck
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=15
