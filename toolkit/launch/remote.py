@@ -6,7 +6,8 @@ ssh hands its command to the remote user's shell as one string, so an argv is qu
 because a stock sshd accepts only LANG and LC_* from the client. The remote side sees its
 login PATH, so programs are named by absolute path: the toolkit, its interpreter and the
 launchers are expected at the same paths on every host, as horovodrun, mpirun and the
-deepspeed launcher expect too.
+deepspeed launcher expect too. Only the job's own variables travel (the plan's, which include
+`launch.env`, and the supervisor's): a variable a remote rank needs goes in `launch.env`.
 
 A remote command outlives its ssh client when the client is killed (no terminal, no SIGHUP),
 and launchers differ in what they leave on other hosts when a job fails. Every process of a
