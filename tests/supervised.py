@@ -4,6 +4,7 @@ each launcher, and waiting for its ranks to come up."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -52,16 +53,28 @@ def under(launcher: str, command: list[str]) -> list[str]:
     raise ValueError(launcher)
 
 
-def wait_for_ranks(piddir: Path, count: int = 2) -> dict[int, int]:
-    """Rank -> pid once every rank has written its pid file."""
-    deadline = time.monotonic() + UP_SECONDS
+def wait_for_ranks(
+    piddir: Path,
+    count: int = 2,
+    *,
+    bound: float = UP_SECONDS,
+    job: subprocess.Popen[bytes] | None = None,
+    log: Path | None = None,
+) -> dict[int, int]:
+    """Rank -> pid once every rank has written its pid file. With `job` (the launch running
+    them), its end before that fails at once, showing the end of `log`."""
+    deadline = time.monotonic() + bound
     while time.monotonic() < deadline:
+        if job is not None and job.poll() is not None:
+            shown = log.read_text()[-3000:] if log is not None else ""
+            raise AssertionError(f"the job ended before its ranks came up:\n{shown}")
         texts = {int(p.name): p.read_text() for p in piddir.iterdir() if p.name.isdigit()}
         pids = {rank: int(text) for rank, text in texts.items() if text.strip().isdigit()}
         if len(pids) >= count:
             return pids
         time.sleep(0.1)
-    raise AssertionError(f"{count} ranks did not come up within {UP_SECONDS} s")
+    shown = log.read_text()[-3000:] if log is not None else ""
+    raise AssertionError(f"{count} ranks did not come up within {bound:g} s\n{shown}")
 
 
 def in_background(call: Callable[[], LaunchResult]) -> Callable[[], LaunchResult]:

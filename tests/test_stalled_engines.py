@@ -31,7 +31,7 @@ import pytest
 import yaml
 
 from tests.realrun import BIN, PYTHON, ROOT, SPECS, rank_env
-from tests.supervised import CONTRACT_SECONDS, gone
+from tests.supervised import CONTRACT_SECONDS, gone, wait_for_ranks
 from toolkit.engines import engine
 from toolkit.ports import free_port
 
@@ -95,19 +95,6 @@ def write_spec(label: str, launcher: str, directory: Path) -> Path:
     return path
 
 
-def wait_for_ranks(piddir: Path, job: subprocess.Popen[bytes], log: Path) -> dict[int, int]:
-    deadline = time.monotonic() + UP_SECONDS
-    while time.monotonic() < deadline:
-        assert job.poll() is None, f"the job ended before training: {log.read_text()[-3000:]}"
-        pids = {int(p.name): int(p.read_text()) for p in piddir.iterdir() if p.name.isdigit()}
-        if len(pids) == 2:
-            return pids
-        time.sleep(0.2)
-    raise AssertionError(
-        f"2 ranks did not train within {UP_SECONDS:g} s: {log.read_text()[-3000:]}"
-    )
-
-
 def survivor_cpu(pid: int, seconds: float = 3.0) -> float:
     """Share of one core the rank used over `seconds` (1.0 = a core spinning)."""
     process = psutil.Process(pid)
@@ -131,7 +118,7 @@ def test_stopped_rank_ends_the_job(label: str, launcher: str, tmp_path: Path) ->
             cwd=ROOT, env=rank_env(), stdout=sink, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
-        ranks = wait_for_ranks(piddir, job, log)
+        ranks = wait_for_ranks(piddir, bound=UP_SECONDS, job=job, log=log)
         tree = psutil.Process(job.pid).children(recursive=True)
         os.kill(ranks[1], signal.SIGSTOP)
         stopped_at = time.monotonic()

@@ -13,8 +13,9 @@ TF MultiWorkerMirrored runs here because worker ports are unique across the job
 (toolkit.render.tf): with ports counted per host, the two loopback "hosts" collided in
 TensorFlow's gRPC server, which binds 0.0.0.0:port.
 
-Not run here, with the reason: a network partition: ranks talk over 127.0.0.1 (lo's address), not the host addresses, so
-  dropping a host address's traffic would cut ssh but not the ranks.
+Not run here: a network partition. The ranks talk over 127.0.0.1 (lo's address), not the host
+addresses, so dropping a host address's traffic would cut ssh but not the ranks. A lost host
+(below) is the nearest: its processes freeze, so its peers wait instead of failing.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import yaml
 
 from tests.cluster.sshd import SshCluster, start_ssh_cluster
 from tests.realrun import BIN, PYTHON, ROOT, SPECS, rank_env
-from tests.supervised import CONTRACT_SECONDS
+from tests.supervised import CONTRACT_SECONDS, wait_for_ranks
 from toolkit.parity.cases import all_cases, merge
 from toolkit.parity.harness import Harness
 from toolkit.ports import free_port
@@ -121,17 +122,6 @@ def start_job(spec: Path, directory: Path) -> tuple[subprocess.Popen[bytes], Pat
     return job, piddir, log
 
 
-def wait_for_ranks(piddir: Path, job: subprocess.Popen[bytes], log: Path) -> dict[int, int]:
-    deadline = time.monotonic() + UP_SECONDS
-    while time.monotonic() < deadline:
-        assert job.poll() is None, f"the job ended before training: {log.read_text()[-3000:]}"
-        pids = {int(p.name): int(p.read_text()) for p in piddir.iterdir() if p.name.isdigit()}
-        if len(pids) == 2:
-            return pids
-        time.sleep(0.2)
-    raise AssertionError(f"2 ranks did not train within {UP_SECONDS:g} s: {log.read_text()}")
-
-
 def ended(job: subprocess.Popen[bytes], bound: float) -> tuple[int, float]:
     """(status, seconds) of a job that must end by itself within `bound`."""
     started = time.monotonic()
@@ -159,7 +149,7 @@ def test_a_rank_stopped_on_a_remote_host_ends_the_job(
     teardown cannot: a stopped process does not act on SIGTERM)."""
     job, piddir, log = start_job(stall_spec(ssh_cluster, "mpirun", tmp_path), tmp_path)
     try:
-        ranks = wait_for_ranks(piddir, job, log)
+        ranks = wait_for_ranks(piddir, bound=UP_SECONDS, job=job, log=log)
         os.kill(ranks[1], signal.SIGSTOP)
     except BaseException:
         job.kill()
@@ -184,7 +174,7 @@ def test_a_lost_host_ends_the_job(tmp_path: Path) -> None:
         job, piddir, log = start_job(stall_spec(cluster, "torchrun", tmp_path), tmp_path)
         lost: list[psutil.Process] = []
         try:
-            wait_for_ranks(piddir, job, log)
+            wait_for_ranks(piddir, bound=UP_SECONDS, job=job, log=log)
             listener = psutil.Process(cluster.daemons["127.0.0.3"].popen.pid)
             lost = listener.children(recursive=True)  # its ssh sessions and what they run
             for process in lost:

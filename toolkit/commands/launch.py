@@ -49,6 +49,10 @@ def format_plan(plan: LaunchPlan) -> str:
     for path, content in plan.files.items():
         lines.append(f"file {path}:")
         lines += [f"  {line}" for line in content.splitlines()]
+    if plan.run_on:
+        lines.append(f"runs on: {', '.join(plan.run_on)}")
+    if plan.env_file:
+        lines.append(f"env file (the launcher exports it to every host): {plan.env_file}")
     if plan.note:
         lines.append(f"note: {plan.note}")
     for rank in plan.ranks:

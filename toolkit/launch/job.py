@@ -1,6 +1,6 @@
 """One supervised job: the processes the supervisor started, their output, their heartbeats,
 and the loop that decides when the job is over (see toolkit.launch.supervisor for the rules).
-A little over 300 lines, kept together on purpose: the ending rules share one state (the
+Under 400 lines, kept together on purpose: the ending rules share one state (the
 children, the heartbeat records, when each failure was first seen) and every part of a job is
 needed to stop it, in order: its processes, its readers, its watchdog, its heartbeat socket.
 The parts with a job of their own live beside it (output, tree, heartbeat, outcome).

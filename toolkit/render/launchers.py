@@ -374,7 +374,10 @@ def torchrun(spec: TrainSpec, command: list[str], ctx: LaunchContext) -> LaunchP
         return env
 
     several = len(hosts) > 1
-    note = f"run this command on each of the {len(hosts)} hosts" if several else None
+    note = None
+    if several:
+        note = f"the same command on each of the {len(hosts)} hosts (toolkit launch runs it there "
+        note += "over ssh)"
     return LaunchPlan(
         launcher="torchrun",
         argv=argv,
