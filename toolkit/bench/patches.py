@@ -15,7 +15,8 @@ for measurement only.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -38,6 +39,22 @@ def local_loss(run: Any) -> None:
     horovod_tf = sys.modules.get("toolkit.backends.horovod.tf_backend")
     if horovod_tf is not None:
         setattr(horovod_tf, "hvd", _WithoutAllreduce(horovod_tf.hvd))  # noqa: B010
+
+
+@contextmanager
+def without_loss_allreduce(run: Any) -> Iterator[None]:
+    """`local-loss` for the duration of a block, then undone (the in-process comparison runs
+    the toolkit's step with and without it in the same processes). A TF step compiled inside
+    the block keeps the change: give it a loss function of its own so it is compiled apart."""
+    horovod_tf = sys.modules.get("toolkit.backends.horovod.tf_backend")
+    module = getattr(horovod_tf, "hvd", None)
+    local_loss(run)
+    try:
+        yield
+    finally:
+        del run.backend.allreduce  # the instance attribute; the class's method shows again
+        if horovod_tf is not None:
+            setattr(horovod_tf, "hvd", module)  # noqa: B010
 
 
 def single_micro_batch(run: Any) -> None:

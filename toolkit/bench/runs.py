@@ -18,6 +18,7 @@ def _step_command(args: argparse.Namespace) -> str:
     words = ["toolkit", "bench", "step", "--spec", args.spec]
     words += ["--all"] if args.all else []
     words += ["--vs-defaults"] if args.vs_defaults else []
+    words += ["--in-process"] if args.in_process else []
     words += ["--reps", str(args.reps), "--steps", str(args.steps), "--warmup", str(args.warmup)]
     words += ["--cases", *args.cases] if args.cases else []
     words += ["--name", args.name] if args.name != "step" else []
@@ -73,12 +74,25 @@ def run_step(args: argparse.Namespace) -> int:
     )
     context = record.machine()
     out = Path(args.out)
+    runner = StepBench
+    if args.in_process:
+        extras = args.patch or args.candidate or args.setting or args.vs_defaults
+        if extras:
+            raise ToolkitError(
+                "--in-process runs its own variants (native, toolkit, native-again, "
+                "toolkit+local-loss); --patch, --candidate, --setting and --vs-defaults "
+                "compare launches",
+                "run those without --in-process",
+            )
+        from toolkit.bench.inprocess import InProcessBench
+
+        runner = InProcessBench
     with tempfile.TemporaryDirectory(prefix="toolkit-bench-") as work:
-        bench = StepBench(Path(work), user, steps=args.steps, warmup=args.warmup, log=log_stderr)
+        bench = runner(Path(work), user, steps=args.steps, warmup=args.warmup, log=log_stderr)
         results = bench.run(selected, variants, args.reps)
     name = args.name
     data = {
-        "kind": "step",
+        "kind": "step-in-process" if args.in_process else "step",
         "command": _step_command(args),
         "machine": record.finish(context),
         "reps": args.reps,

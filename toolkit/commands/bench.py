@@ -72,6 +72,12 @@ def register(subparsers: Any) -> None:
         help="also run the native script with the engine's own defaults (toolkit / defaults)",
     )
     step.add_argument(
+        "--in-process",
+        action="store_true",
+        help="alternate native and toolkit step by step in the same processes (the adapter's "
+        "cost alone, robust to other jobs); --steps counts cycles",
+    )
+    step.add_argument(
         "--cases", nargs="*", default=[], metavar="PATTERN", help="with --all: only these"
     )
     step.add_argument("--patch", action="append", default=[], help="add toolkit+PATCH")
