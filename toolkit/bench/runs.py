@@ -193,18 +193,10 @@ def run_all(args: argparse.Namespace) -> int:
     from toolkit.cli import main
 
     out = ["--out", args.dir]
+    step = ["bench", "step", "--spec", args.spec, "--all", "--reps", str(args.reps)]
     runs = [
-        [
-            "bench",
-            "step",
-            "--spec",
-            args.spec,
-            "--all",
-            "--vs-defaults",
-            "--reps",
-            str(args.reps),
-            *out,
-        ],
+        [*step, "--in-process", "--name", "step-in-process", *out],
+        [*step, "--vs-defaults", *out],
         ["bench", "allreduce", "--full", *out],
         ["bench", "memory", *out],
     ]
