@@ -201,8 +201,8 @@ def render(directory: Path, *, image_prefix: str) -> str:
     if (directory / "allreduce.json").exists():
         data = record.read_json(directory / "allreduce.json")
         lines += allreduce_section(data, f"{image_prefix}allreduce.png")
-    if (directory / "memory.json").exists():
-        lines += memory_section(record.read_json(directory / "memory.json"))
+    for path in sorted(directory.glob("memory*.json")):
+        lines += memory_section(record.read_json(path))
     if (directory / "plan.txt").exists():
         lines += ["### `toolkit plan` for the memory model", "", "```"]
         lines += [(directory / "plan.txt").read_text().rstrip(), "```", ""]

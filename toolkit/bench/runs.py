@@ -168,11 +168,13 @@ def run_memory(args: argparse.Namespace) -> int:
     words += ["--spec", args.spec] if args.spec else []
     words += ["--layers", ",".join(map(str, layers))] if args.layers else []
     words += ["--cases", *args.cases] if args.cases else []
+    words += ["--name", args.name] if args.name != "memory" else []
     data = {"kind": "memory", "command": " ".join(words), "machine": record.finish(context)}
     data.update(measured)
-    record.write_json(Path(args.out) / "memory.json", data)
+    path = Path(args.out) / f"{args.name}.json"
+    record.write_json(path, data)
     print(memory.table(data))
-    print(f"wrote {Path(args.out) / 'memory.json'}")
+    print(f"wrote {path}")
     return 1 if data["errors"] else 0
 
 
