@@ -2,7 +2,7 @@
 
 One launch per repetition of ranks/inprocess_step.py under the case's launch plan; each launch
 alternates the engine's documented step and the toolkit's train_step (and the A/A and
-local-loss variants) for `steps` cycles. Every cycle is one ratio: the figures are the medians
+patched variants) for `steps` cycles. Every cycle is one ratio: the figures are the medians
 over all cycles of all launches, with bootstrap intervals over cycles.
 """
 
@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from toolkit.bench.cases import StepCase
-from toolkit.bench.step import CaseResult, StepBench, case_spec
+from toolkit.bench.step import CaseResult, StepBench, Variant, case_spec
 
 RANK_PROGRAM = str(Path(__file__).parent / "ranks" / "inprocess_step.py")
-VARIANTS = ["native", "toolkit", "native-again", "toolkit+local-loss"]
+DEFAULT_PATCHES = ("local-loss",)
 
 
 class InProcessBench(StepBench):
-    def run_case(self, case: StepCase, variants: Any, reps: int) -> CaseResult:
-        result = CaseResult(case.name, case.spec, list(VARIANTS), figures={"median": {}, "cpu": {}})
+    def run_case(self, case: StepCase, variants: list[Variant], reps: int) -> CaseResult:
+        labels = [variant.label for variant in variants]
+        patches = [p for v in variants if v.extra[:1] == ("--patch",) for p in v.extra[1:]]
+        result = CaseResult(case.name, case.spec, labels, figures={"median": {}, "cpu": {}})
         for rep in range(reps):
             self.launches += 1
             directory = self.work / f"launch{self.launches:03d}"
@@ -30,6 +31,7 @@ class InProcessBench(StepBench):
             spec = case_spec(self.user, case)
             spec_file.write_text(json.dumps(spec.to_dict()))
             args = case.workload.arguments(steps=self.steps, warmup=self.warmup)
+            args += [word for name in patches for word in ("--patch", name)]
             outcome = self._run_plan(
                 spec, [RANK_PROGRAM, "--spec", str(spec_file), *args, "--out", str(out)]
             )
@@ -39,7 +41,7 @@ class InProcessBench(StepBench):
                 result.errors.append(f"rep {rep}: {reason}")
                 continue
             record = json.loads(out.read_text())
-            for label in VARIANTS:
+            for label in labels:
                 result.extend(label, record["step_s"][label], record["cpu_s"][label])
             medians = result.to_json()["median_ms"]
             self.log(

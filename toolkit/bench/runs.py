@@ -44,7 +44,7 @@ def run_step(args: argparse.Namespace) -> int:
     from toolkit.spec import load_spec
 
     user = load_spec(args.spec)
-    unknown = [name for name in args.patch if name not in PATCHES]
+    unknown = [n for names in args.patch for n in names.split("+") if n not in PATCHES]
     if unknown:
         raise ToolkitError(
             f"--patch {unknown[0]!r}: no such patch; there are {', '.join(sorted(PATCHES))}",
@@ -66,9 +66,14 @@ def run_step(args: argparse.Namespace) -> int:
             dataclasses.replace(c, workload=dataclasses.replace(c.workload, **overrides))
             for c in selected
         ]
+    patches = args.patch
+    if args.in_process and not patches:
+        from toolkit.bench.inprocess import DEFAULT_PATCHES
+
+        patches = list(DEFAULT_PATCHES)
     variants = variants_for(
         vs_defaults=args.vs_defaults,
-        patches=args.patch,
+        patches=patches,
         candidates=args.candidate,
         settings=args.setting,
     )
@@ -76,12 +81,10 @@ def run_step(args: argparse.Namespace) -> int:
     out = Path(args.out)
     runner = StepBench
     if args.in_process:
-        extras = args.patch or args.candidate or args.setting or args.vs_defaults
-        if extras:
+        if args.candidate or args.setting or args.vs_defaults:
             raise ToolkitError(
-                "--in-process runs its own variants (native, toolkit, native-again, "
-                "toolkit+local-loss); --patch, --candidate, --setting and --vs-defaults "
-                "compare launches",
+                "--in-process compares native and toolkit steps (and --patch variants) in the "
+                "same processes; --candidate, --setting and --vs-defaults compare launches",
                 "run those without --in-process",
             )
         from toolkit.bench.inprocess import InProcessBench

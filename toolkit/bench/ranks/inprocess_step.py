@@ -5,8 +5,9 @@ toolkit's `train_step`, alternating step by step in the same processes on the sa
 
 After `toolkit.init` and `run.prepare`, each cycle runs one step of every variant, in an order
 that rotates from cycle to cycle: `native` (ranks/native_steps.py: the engine's documented step
-on the objects the toolkit built), `toolkit` (`run.train_step`), `native-again` (A/A) and
-`toolkit+local-loss` (train_step without the loss allreduce). Steps of different variants are
+on the objects the toolkit built), `toolkit` (`run.train_step`), `native-again` (A/A) and one
+`toolkit+PATCH` per `--patch` (train_step inside that candidate fix, toolkit.bench.patches;
+"a+b" combines patches). Steps of different variants are
 then milliseconds apart, so another job's burst reaches them alike, which launch-to-launch
 comparison cannot offer on a shared machine. What this cannot see is how the engine was set up
 (its config, threads, launcher): the launch-level comparison measures that.
@@ -25,17 +26,30 @@ import numpy as np
 
 import toolkit
 from toolkit.bench.native import _bench
-from toolkit.bench.patches import without_loss_allreduce
+from toolkit.bench.patches import applied
 from toolkit.bench.ranks.native_steps import BUILDERS
 from toolkit.bench.ranks.toolkit_step import build_model
 from toolkit.spec import TrainSpec
 
-VARIANTS = ("native", "toolkit", "native-again", "toolkit+local-loss")
+
+def patched_step(run: Any, loss_fn: Any, names: str) -> Callable[[Any], Any]:
+    """train_step inside the patches `names`, with a loss function object of its own (a TF
+    engine compiles one step per loss function: this variant's is traced patched)."""
+
+    def own_loss(outputs: Any, targets: Any) -> Any:
+        return loss_fn(outputs, targets)
+
+    def step(micro_batches: Any) -> Any:
+        with applied(run, names):
+            return run.train_step(micro_batches, own_loss)
+
+    return step
 
 
 def main() -> int:
     parser = _bench.parser(__doc__ or "")
     parser.add_argument("--spec", required=True)
+    parser.add_argument("--patch", action="append", default=[], help="patches.PATCHES names")
     args = _bench.parse(parser)
     spec = TrainSpec.from_dict(json.loads(Path(args.spec).read_text()))
     run = toolkit.init(spec)
@@ -56,19 +70,13 @@ def main() -> int:
     native, convert = BUILDERS[(spec.backend, framework)](run, loss_fn, args.lr, args.momentum)
     native_inputs = [convert(micro_batches) for micro_batches in steps]
 
-    def local_loss_fn(outputs: Any, targets: Any) -> Any:
-        return loss_fn(outputs, targets)  # its own object: TF compiles this variant apart
-
-    def toolkit_local_loss(micro_batches: Any) -> Any:
-        with without_loss_allreduce(run):
-            return run.train_step(micro_batches, local_loss_fn)
-
     variants: dict[str, tuple[Callable[[Any], Any], list[Any]]] = {
         "native": (native, native_inputs),
         "toolkit": (functools.partial(run.train_step, loss_fn=loss_fn), steps),
         "native-again": (native, native_inputs),
-        "toolkit+local-loss": (toolkit_local_loss, steps),
     }
+    for names in args.patch:
+        variants[f"toolkit+{names}"] = (patched_step(run, loss_fn, names), steps)
     clocks = {name: _bench.Clock() for name in variants}
     names = list(variants)
     for cycle in range(args.warmup + args.steps):
