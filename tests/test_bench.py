@@ -189,7 +189,7 @@ def test_reports_write_tables_pngs_and_markdown(tmp_path: Path) -> None:
     (tmp_path / "allreduce.json").write_text(json.dumps(sweep))
     (tmp_path / "findings.md").write_text("## Findings\n\nsomething measured\n")
     text = markdown.render(tmp_path, image_prefix="docs/bench/")
-    assert "## Findings" in text and "![Step: toolkit vs native](docs/bench/step.png)" in text
+    assert "## Findings" in text and "(docs/bench/step.png)" in text
     assert "| ddp/torchrun | 60.0 | 61.0 | 60.5 |" in text
     assert "![allreduce](docs/bench/allreduce.png)" in text
 

@@ -163,6 +163,24 @@ def memory_section(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+STEP_TITLES = {
+    "step-in-process": "Step: toolkit vs native in the same processes (the adapter's cost)",
+    "step": "Step: toolkit vs native, launch by launch (and the engines' own defaults)",
+}
+STEP_PREFIXES = {"cand": "Candidate costs", "settings": "Settings"}
+
+
+def step_titles(directory: Path) -> dict[str, str]:
+    """Step JSON stems in the order BENCHMARKS.md shows them, with their titles."""
+    found = {
+        stem: title for stem, title in STEP_TITLES.items() if (directory / f"{stem}.json").exists()
+    }
+    for prefix, words in STEP_PREFIXES.items():
+        for path in sorted(directory.glob(f"{prefix}*.json")):
+            found[path.stem] = f"{words}: {path.stem.removeprefix(prefix).strip('-')}"
+    return found
+
+
 def render(directory: Path, *, image_prefix: str) -> str:
     """The whole BENCHMARKS.md; sections for the JSON files that exist in `directory`."""
     lines = ["# Benchmarks", ""]
@@ -177,16 +195,14 @@ def render(directory: Path, *, image_prefix: str) -> str:
     if findings.exists():
         lines += [findings.read_text().rstrip(), ""]
     lines += ["## Figures", ""]
-    step_files = sorted(directory.glob("step*.json")) + sorted(directory.glob("cand*.json"))
-    for path in step_files:
-        data = record.read_json(path)
-        title = "Step: toolkit vs native" if path.stem == "step" else f"Step: {path.stem}"
-        lines += step_section(data, title, f"{image_prefix}{path.stem}.png")
+    for stem, title in step_titles(directory).items():
+        data = record.read_json(directory / f"{stem}.json")
+        lines += step_section(data, title, f"{image_prefix}{stem}.png")
     if (directory / "allreduce.json").exists():
         data = record.read_json(directory / "allreduce.json")
         lines += allreduce_section(data, f"{image_prefix}allreduce.png")
-    if (directory / "memory.json").exists():
-        lines += memory_section(record.read_json(directory / "memory.json"))
+    for path in sorted(directory.glob("memory*.json")):
+        lines += memory_section(record.read_json(path))
     if (directory / "plan.txt").exists():
         lines += ["### `toolkit plan` for the memory model", "", "```"]
         lines += [(directory / "plan.txt").read_text().rstrip(), "```", ""]

@@ -1,7 +1,10 @@
 """Candidate fixes, applied to a running toolkit rank by monkeypatching, so that the bench can
-measure what each would buy before anyone changes a backend (`toolkit bench step --patch NAME`).
-Each takes the `Run` right after `toolkit.init`, before `prepare` and the first step, and is
-for measurement only.
+measure what each would buy before anyone changes a backend. Measurement only.
+
+Each is a context manager over a `Run` (after `toolkit.init`): `toolkit bench step --patch NAME`
+enters it for the whole launch, `--in-process` around the steps of its own variant only. A TF
+step compiled inside the block keeps the change after it (a compiled function is traced once):
+the in-process bench gives each variant a loss function of its own, so each is compiled apart.
 
 - `local-loss`: `train_step` returns this rank's loss without the allreduce that makes it the
   global mean (torch backends: `backend.allreduce` becomes the identity; Horovod TF: the
@@ -10,54 +13,99 @@ for measurement only.
 - `single-micro-batch`: the TF engines' compiled step, when a step has one micro-batch, takes
   the gradient directly instead of adding it to a zero-filled accumulator and dividing by 1
   (exact: 0 + g and g / 1 are g).
+- `per-tensor-allreduce`: Horovod TF reduces each gradient with its own `hvd.allreduce` (as
+  `DistributedGradientTape` does, Horovod fusing them) instead of one `grouped_allreduce`, which
+  waits for the last gradient before any is sent.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Any
 
+HOROVOD_TF = "toolkit.backends.horovod.tf_backend"
+TF_COMMON = "toolkit.backends.tf.common"
 
-class _WithoutAllreduce:
-    """A module proxy whose `allreduce` hands its input back; everything else is the module's."""
 
-    def __init__(self, module: Any) -> None:
+class _ModuleProxy:
+    """A module whose named attributes are replaced; everything else is the module's own."""
+
+    def __init__(self, module: Any, **replaced: Any) -> None:
         self._module = module
+        self.__dict__.update(replaced)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._module, name)
 
-    @staticmethod
-    def allreduce(value: Any, *args: Any, **kwargs: Any) -> Any:
-        return value
+
+@contextmanager
+def _replaced(module_name: str, attribute: str, make: Callable[[Any], Any]) -> Iterator[None]:
+    """`module.attribute = make(old)` for the block, if that module is loaded at all."""
+    module = sys.modules.get(module_name)
+    if module is None:
+        yield
+        return
+    old = getattr(module, attribute)
+    setattr(module, attribute, make(old))
+    try:
+        yield
+    finally:
+        setattr(module, attribute, old)
 
 
-def local_loss(run: Any) -> None:
+@contextmanager
+def local_loss(run: Any) -> Iterator[None]:
     run.backend.allreduce = lambda value, op="mean": value
-    horovod_tf = sys.modules.get("toolkit.backends.horovod.tf_backend")
-    if horovod_tf is not None:
-        setattr(horovod_tf, "hvd", _WithoutAllreduce(horovod_tf.hvd))  # noqa: B010
+    try:
+        with _replaced(HOROVOD_TF, "hvd", lambda hvd: _ModuleProxy(hvd, allreduce=_identity)):
+            yield
+    finally:
+        del run.backend.allreduce  # the instance attribute: the class's method shows again
 
 
-def single_micro_batch(run: Any) -> None:
-    tf_common = sys.modules.get("toolkit.backends.tf.common")
-    if tf_common is None:
-        return  # a torch engine: nothing to change
-    tf = tf_common.tf
-    accumulated = tf_common.accumulated_gradients
-
-    def direct(model: Any, loss_fn: Any, inputs: Any, targets: Any, sources: Any) -> Any:
-        if inputs.shape[0] != 1:
-            return accumulated(model, loss_fn, inputs, targets, sources)
-        with tf.GradientTape() as tape:
-            loss = tf_common.mean_loss(loss_fn(model(inputs[0], training=True), targets[0]))
-        return tape.gradient(loss, sources), loss
-
-    setattr(tf_common, "accumulated_gradients", direct)  # noqa: B010 - a module attribute
+def _identity(value: Any, *args: Any, **kwargs: Any) -> Any:
+    return value
 
 
-PATCHES: dict[str, Callable[[Any], None]] = {
+def single_micro_batch(run: Any) -> AbstractContextManager[None]:
+    def make(accumulated: Any) -> Any:
+        common = sys.modules[TF_COMMON]
+        tf = common.tf
+
+        def direct(model: Any, loss_fn: Any, inputs: Any, targets: Any, sources: Any) -> Any:
+            if inputs.shape[0] != 1:
+                return accumulated(model, loss_fn, inputs, targets, sources)
+            with tf.GradientTape() as tape:
+                loss = common.mean_loss(loss_fn(model(inputs[0], training=True), targets[0]))
+            return tape.gradient(loss, sources), loss
+
+        return direct
+
+    return _replaced(TF_COMMON, "accumulated_gradients", make)
+
+
+def per_tensor_allreduce(run: Any) -> AbstractContextManager[None]:
+    def make(hvd: Any) -> Any:
+        def grouped(tensors: list[Any], **options: Any) -> list[Any]:
+            return [hvd.allreduce(tensor, **options) for tensor in tensors]
+
+        return _ModuleProxy(hvd, grouped_allreduce=grouped)
+
+    return _replaced(HOROVOD_TF, "hvd", make)
+
+
+PATCHES: dict[str, Callable[[Any], AbstractContextManager[None]]] = {
     "local-loss": local_loss,
     "single-micro-batch": single_micro_batch,
+    "per-tensor-allreduce": per_tensor_allreduce,
 }
+
+
+def applied(run: Any, names: str) -> ExitStack:
+    """Every patch of "a+b+..." entered in one stack (enter it with `with`)."""
+    stack = ExitStack()
+    for name in names.split("+"):
+        stack.enter_context(PATCHES[name](run))
+    return stack

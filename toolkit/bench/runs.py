@@ -18,6 +18,7 @@ def _step_command(args: argparse.Namespace) -> str:
     words = ["toolkit", "bench", "step", "--spec", args.spec]
     words += ["--all"] if args.all else []
     words += ["--vs-defaults"] if args.vs_defaults else []
+    words += ["--in-process"] if args.in_process else []
     words += ["--reps", str(args.reps), "--steps", str(args.steps), "--warmup", str(args.warmup)]
     words += ["--cases", *args.cases] if args.cases else []
     words += ["--name", args.name] if args.name != "step" else []
@@ -43,7 +44,7 @@ def run_step(args: argparse.Namespace) -> int:
     from toolkit.spec import load_spec
 
     user = load_spec(args.spec)
-    unknown = [name for name in args.patch if name not in PATCHES]
+    unknown = [n for names in args.patch for n in names.split("+") if n not in PATCHES]
     if unknown:
         raise ToolkitError(
             f"--patch {unknown[0]!r}: no such patch; there are {', '.join(sorted(PATCHES))}",
@@ -65,20 +66,36 @@ def run_step(args: argparse.Namespace) -> int:
             dataclasses.replace(c, workload=dataclasses.replace(c.workload, **overrides))
             for c in selected
         ]
+    patches = args.patch
+    if args.in_process and not patches:
+        from toolkit.bench.inprocess import DEFAULT_PATCHES
+
+        patches = list(DEFAULT_PATCHES)
     variants = variants_for(
         vs_defaults=args.vs_defaults,
-        patches=args.patch,
+        patches=patches,
         candidates=args.candidate,
         settings=args.setting,
     )
     context = record.machine()
     out = Path(args.out)
+    runner = StepBench
+    if args.in_process:
+        if args.candidate or args.setting or args.vs_defaults:
+            raise ToolkitError(
+                "--in-process compares native and toolkit steps (and --patch variants) in the "
+                "same processes; --candidate, --setting and --vs-defaults compare launches",
+                "run those without --in-process",
+            )
+        from toolkit.bench.inprocess import InProcessBench
+
+        runner = InProcessBench
     with tempfile.TemporaryDirectory(prefix="toolkit-bench-") as work:
-        bench = StepBench(Path(work), user, steps=args.steps, warmup=args.warmup, log=log_stderr)
+        bench = runner(Path(work), user, steps=args.steps, warmup=args.warmup, log=log_stderr)
         results = bench.run(selected, variants, args.reps)
     name = args.name
     data = {
-        "kind": "step",
+        "kind": "step-in-process" if args.in_process else "step",
         "command": _step_command(args),
         "machine": record.finish(context),
         "reps": args.reps,
@@ -154,11 +171,13 @@ def run_memory(args: argparse.Namespace) -> int:
     words += ["--spec", args.spec] if args.spec else []
     words += ["--layers", ",".join(map(str, layers))] if args.layers else []
     words += ["--cases", *args.cases] if args.cases else []
+    words += ["--name", args.name] if args.name != "memory" else []
     data = {"kind": "memory", "command": " ".join(words), "machine": record.finish(context)}
     data.update(measured)
-    record.write_json(Path(args.out) / "memory.json", data)
+    path = Path(args.out) / f"{args.name}.json"
+    record.write_json(path, data)
     print(memory.table(data))
-    print(f"wrote {Path(args.out) / 'memory.json'}")
+    print(f"wrote {path}")
     return 1 if data["errors"] else 0
 
 
@@ -179,18 +198,10 @@ def run_all(args: argparse.Namespace) -> int:
     from toolkit.cli import main
 
     out = ["--out", args.dir]
+    step = ["bench", "step", "--spec", args.spec, "--all", "--reps", str(args.reps)]
     runs = [
-        [
-            "bench",
-            "step",
-            "--spec",
-            args.spec,
-            "--all",
-            "--vs-defaults",
-            "--reps",
-            str(args.reps),
-            *out,
-        ],
+        [*step, "--in-process", "--name", "step-in-process", *out],
+        [*step, "--vs-defaults", *out],
         ["bench", "allreduce", "--full", *out],
         ["bench", "memory", *out],
     ]

@@ -79,16 +79,24 @@ class CaseResult:
     errors: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.figures = {name: {label: [] for label in self.variants} for name in FIGURES}
+        names = self.figures or FIGURES
+        self.figures = {name: {label: [] for label in self.variants} for name in names}
 
     @property
     def baseline(self) -> str:
         return self.variants[0]
 
     def add(self, label: str, record: dict[str, Any]) -> None:
-        for name, (key, figure) in FIGURES.items():
+        """One launch's figures of one variant (a repetition)."""
+        for name in self.figures:
+            key, figure = FIGURES[name]
             values = record.get(key) or []
             self.figures[name][label].append(figure(values) * 1e3 if values else float("nan"))
+
+    def extend(self, label: str, wall_s: list[float], cpu_s: list[float]) -> None:
+        """Step-by-step figures (in-process: one repetition per cycle)."""
+        self.figures["median"][label] += [seconds * 1e3 for seconds in wall_s]
+        self.figures["cpu"][label] += [seconds * 1e3 for seconds in cpu_s]
 
     def ratios(self, figure: str, over: str | None = None) -> dict[str, stats.Spread]:
         ms = self.figures[figure]
@@ -106,7 +114,11 @@ class CaseResult:
             "ms": self.figures,
             "median_ms": {label: stats.median(ms) for label, ms in self.figures["median"].items()},
             "ratio_to_baseline": {k: v.to_json() for k, v in self.ratios("median").items()},
-            "p10_ratio_to_baseline": {k: v.to_json() for k, v in self.ratios("p10").items()},
+            "p10_ratio_to_baseline": (
+                {k: v.to_json() for k, v in self.ratios("p10").items()}
+                if "p10" in self.figures
+                else {}
+            ),
             "cpu_ratio_to_baseline": {k: v.to_json() for k, v in self.ratios("cpu").items()},
             "toolkit_over_defaults": defaults,
             "toolkit_loader_ms": stats.median(self.loader_ms),

@@ -31,7 +31,7 @@ def table(data: dict[str, Any]) -> str:
                 span = f"{_fmt(ratio['low'], '.3f')}..{_fmt(ratio['high'], '.3f')}"
                 cells = f"{_fmt(ratio['median'], '.3f'):>10} {ci:>20} {span:>14}"
             name = case["case"] if label == baseline else ""
-            fast = case["ms"]["p10"][label]
+            fast = case["ms"].get("p10", {}).get(label, [])
             fast_ratio = case["p10_ratio_to_baseline"].get(label)
             cpu_ratio = case["cpu_ratio_to_baseline"].get(label)
             p10 = _fmt(float(np.nanmedian(fast)) if fast else math.nan, ".1f")

@@ -72,6 +72,12 @@ def register(subparsers: Any) -> None:
         help="also run the native script with the engine's own defaults (toolkit / defaults)",
     )
     step.add_argument(
+        "--in-process",
+        action="store_true",
+        help="alternate native and toolkit step by step in the same processes (the adapter's "
+        "cost alone, robust to other jobs); --steps counts cycles",
+    )
+    step.add_argument(
         "--cases", nargs="*", default=[], metavar="PATTERN", help="with --all: only these"
     )
     step.add_argument("--patch", action="append", default=[], help="add toolkit+PATCH")
@@ -115,7 +121,8 @@ def register(subparsers: Any) -> None:
     memory.add_argument("--layers", type=_layers, default=None, help="MLP widths")
     memory.add_argument("--micro", type=_positive, default=64, help="samples per rank")
     memory.add_argument("--cases", nargs="*", default=[], metavar="PATTERN", help="only these")
-    memory.add_argument("--out", default=DEFAULT_OUT, help="where memory.json goes")
+    memory.add_argument("--out", default=DEFAULT_OUT, help="where NAME.json goes")
+    memory.add_argument("--name", default="memory", help="file name stem (default memory)")
     memory.set_defaults(func=_run("run_memory"))
 
     report = commands.add_parser("report", help="BENCHMARKS.md from the JSON in a directory")

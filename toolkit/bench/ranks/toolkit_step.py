@@ -47,12 +47,12 @@ def build_model(framework: str, dims: list[int]) -> tuple[Any, Any]:
 def main() -> int:
     parser = _bench.parser(__doc__ or "")
     parser.add_argument("--spec", required=True)
-    parser.add_argument("--patch", action="append", default=[], choices=sorted(patches.PATCHES))
+    parser.add_argument("--patch", action="append", default=[], help="patches.PATCHES names")
     args = _bench.parse(parser)
     spec = TrainSpec.from_dict(json.loads(Path(args.spec).read_text()))
     run = toolkit.init(spec)
     for name in args.patch:
-        patches.PATCHES[name](run)
+        patches.applied(run, name).__enter__()  # for the whole launch
     if spec.framework_name == "torch":
         import torch
 

@@ -1,0 +1,101 @@
+"""The rank program of `toolkit bench step --in-process`: the engine's own step and the
+toolkit's `train_step`, alternating step by step in the same processes on the same engine.
+
+    python toolkit/bench/ranks/inprocess_step.py --spec S.json --out t.json [workload args]
+
+After `toolkit.init` and `run.prepare`, each cycle runs one step of every variant, in an order
+that rotates from cycle to cycle: `native` (ranks/native_steps.py: the engine's documented step
+on the objects the toolkit built), `toolkit` (`run.train_step`), `native-again` (A/A) and one
+`toolkit+PATCH` per `--patch` (train_step inside that candidate fix, toolkit.bench.patches;
+"a+b" combines patches). Steps of different variants are
+then milliseconds apart, so another job's burst reaches them alike, which launch-to-launch
+comparison cannot offer on a shared machine. What this cannot see is how the engine was set up
+(its config, threads, launcher): the launch-level comparison measures that.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import toolkit
+from toolkit.bench.native import _bench
+from toolkit.bench.patches import applied
+from toolkit.bench.ranks.native_steps import BUILDERS
+from toolkit.bench.ranks.toolkit_step import build_model
+from toolkit.spec import TrainSpec
+
+
+def patched_step(run: Any, loss_fn: Any, names: str) -> Callable[[Any], Any]:
+    """train_step inside the patches `names`, with a loss function object of its own (a TF
+    engine compiles one step per loss function: this variant's is traced patched)."""
+
+    def own_loss(outputs: Any, targets: Any) -> Any:
+        return loss_fn(outputs, targets)
+
+    def step(micro_batches: Any) -> Any:
+        with applied(run, names):
+            return run.train_step(micro_batches, own_loss)
+
+    return step
+
+
+def main() -> int:
+    parser = _bench.parser(__doc__ or "")
+    parser.add_argument("--spec", required=True)
+    parser.add_argument("--patch", action="append", default=[], help="patches.PATCHES names")
+    args = _bench.parse(parser)
+    spec = TrainSpec.from_dict(json.loads(Path(args.spec).read_text()))
+    run = toolkit.init(spec)
+    framework = spec.framework_name
+    if framework == "torch":
+        import torch
+
+        torch.manual_seed(args.seed)
+    with run.scope():
+        model, loss_fn = build_model(framework, _bench.widths(args))
+    run.prepare(model)
+    dims = _bench.widths(args)
+    rng = np.random.default_rng(args.seed)
+    samples = spec.batch_for().global_ * _bench.DISTINCT_BATCHES
+    x = rng.standard_normal((samples, dims[0]), dtype=np.float32)
+    y = rng.integers(0, dims[-1], samples, dtype=np.int64)
+    steps = list(run.loader((x, y)))
+    native, convert = BUILDERS[(spec.backend, framework)](run, loss_fn, args.lr, args.momentum)
+    native_inputs = [convert(micro_batches) for micro_batches in steps]
+
+    variants: dict[str, tuple[Callable[[Any], Any], list[Any]]] = {
+        "native": (native, native_inputs),
+        "toolkit": (functools.partial(run.train_step, loss_fn=loss_fn), steps),
+        "native-again": (native, native_inputs),
+    }
+    for names in args.patch:
+        variants[f"toolkit+{names}"] = (patched_step(run, loss_fn, names), steps)
+    clocks = {name: _bench.Clock() for name in variants}
+    names = list(variants)
+    for cycle in range(args.warmup + args.steps):
+        shift = cycle % len(names)
+        for name in names[shift:] + names[:shift]:
+            step, inputs = variants[name]
+            batch = inputs[cycle % len(inputs)]
+            clocks[name].time(functools.partial(step, batch), keep=cycle >= args.warmup)
+    if run.is_main:
+        record = {
+            "step_s": {name: clock.wall for name, clock in clocks.items()},
+            "cpu_s": {name: clock.cpu for name, clock in clocks.items()},
+            "world": run.world_size,
+        }
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(record))
+    run.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
