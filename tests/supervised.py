@@ -20,6 +20,7 @@ from toolkit.ports import free_port
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 RANK_SCRIPT = str(ROOT / "tests" / "scripts" / "supervised_rank.py")
+STALL_SCRIPT = str(ROOT / "tests" / "scripts" / "stall_train.py")
 ROOT_FLAGS = ["--allow-run-as-root"] if os.getuid() == 0 else []
 CONTRACT_SECONDS = 30
 """A failed or stalled job ends well within this (the issue's contract); not a timing test."""
@@ -75,6 +76,22 @@ def wait_for_ranks(
         time.sleep(0.1)
     shown = log.read_text()[-3000:] if log is not None else ""
     raise AssertionError(f"{count} ranks did not come up within {bound:g} s\n{shown}")
+
+
+def start_training_job(
+    spec: Path, directory: Path, env: dict[str, str]
+) -> tuple[subprocess.Popen[bytes], Path, Path]:
+    """`toolkit launch` of tests/scripts/stall_train.py in the background: (the launch, the
+    directory where each rank writes its pid once training, the launch's log)."""
+    piddir, log = directory / "pids", directory / "job.log"
+    piddir.mkdir()
+    argv = [str(BIN / "toolkit"), "launch", "--spec", str(spec), "--"]
+    with log.open("wb") as sink:
+        job = subprocess.Popen(
+            [*argv, sys.executable, STALL_SCRIPT, str(piddir), str(spec)],
+            cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    return job, piddir, log
 
 
 def in_background(call: Callable[[], LaunchResult]) -> Callable[[], LaunchResult]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -30,15 +29,14 @@ import psutil
 import pytest
 import yaml
 
-from tests.realrun import BIN, PYTHON, ROOT, SPECS, rank_env
-from tests.supervised import CONTRACT_SECONDS, gone, wait_for_ranks
+from tests.realrun import SPECS, rank_env
+from tests.supervised import CONTRACT_SECONDS, gone, start_training_job, wait_for_ranks
 from toolkit.engines import engine
 from toolkit.ports import free_port
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.usefixtures("no_orphans")]
 
 HOST = socket.gethostname()
-SCRIPT = str(ROOT / "tests" / "scripts" / "stall_train.py")
 STALL_SECONDS = 8.0
 UP_SECONDS = 240.0
 """Engines start slowly on a busy 2-core machine (TensorFlow and DeepSpeed most)."""
@@ -108,15 +106,7 @@ def survivor_cpu(pid: int, seconds: float = 3.0) -> float:
 )
 def test_stopped_rank_ends_the_job(label: str, launcher: str, tmp_path: Path) -> None:
     spec = write_spec(label, launcher, tmp_path)
-    piddir = tmp_path / "pids"
-    piddir.mkdir()
-    log = tmp_path / "job.log"
-    argv = [str(BIN / "toolkit"), "launch", "--spec", str(spec), "--"]
-    with log.open("wb") as sink:
-        job = subprocess.Popen(
-            [*argv, PYTHON, SCRIPT, str(piddir), str(spec)],
-            cwd=ROOT, env=rank_env(), stdout=sink, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+    job, piddir, log = start_training_job(spec, tmp_path, rank_env())
     try:
         ranks = wait_for_ranks(piddir, bound=UP_SECONDS, job=job, log=log)
         tree = psutil.Process(job.pid).children(recursive=True)

@@ -35,8 +35,8 @@ import pytest
 import yaml
 
 from tests.cluster.sshd import SshCluster, start_ssh_cluster
-from tests.realrun import BIN, PYTHON, ROOT, SPECS, rank_env
-from tests.supervised import CONTRACT_SECONDS, wait_for_ranks
+from tests.realrun import SPECS, rank_env
+from tests.supervised import CONTRACT_SECONDS, start_training_job, wait_for_ranks
 from toolkit.parity.cases import all_cases, merge
 from toolkit.parity.harness import Harness
 from toolkit.ports import free_port
@@ -62,7 +62,6 @@ FULL = [
 CASES = FULL if os.environ.get("TOOLKIT_CLUSTER") == "full" else SUBSET
 STALL_SECONDS = 8.0
 UP_SECONDS = 240.0
-SCRIPT = str(ROOT / "tests" / "scripts" / "stall_train.py")
 
 
 def two_host_launch(cluster: SshCluster, launcher: str | None) -> dict[str, Any]:
@@ -110,18 +109,6 @@ def stall_spec(cluster: SshCluster, launcher: str, directory: Path) -> Path:
     return path
 
 
-def start_job(spec: Path, directory: Path) -> tuple[subprocess.Popen[bytes], Path, Path]:
-    piddir, log = directory / "pids", directory / "job.log"
-    piddir.mkdir()
-    argv = [str(BIN / "toolkit"), "launch", "--spec", str(spec), "--"]
-    with log.open("wb") as sink:
-        job = subprocess.Popen(
-            [*argv, PYTHON, SCRIPT, str(piddir), str(spec)],
-            cwd=ROOT, env=rank_env(), stdout=sink, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    return job, piddir, log
-
-
 def ended(job: subprocess.Popen[bytes], bound: float) -> tuple[int, float]:
     """(status, seconds) of a job that must end by itself within `bound`."""
     started = time.monotonic()
@@ -147,7 +134,9 @@ def test_a_rank_stopped_on_a_remote_host_ends_the_job(
     """SIGSTOP on the rank of 127.0.0.3 (mpirun placed it there): the stall timeout ends the
     job naming that rank and host, and the sweep kills the stopped rank there (mpirun's own
     teardown cannot: a stopped process does not act on SIGTERM)."""
-    job, piddir, log = start_job(stall_spec(ssh_cluster, "mpirun", tmp_path), tmp_path)
+    job, piddir, log = start_training_job(
+        stall_spec(ssh_cluster, "mpirun", tmp_path), tmp_path, rank_env()
+    )
     try:
         ranks = wait_for_ranks(piddir, bound=UP_SECONDS, job=job, log=log)
         os.kill(ranks[1], signal.SIGSTOP)
@@ -171,7 +160,9 @@ def test_a_lost_host_ends_the_job(tmp_path: Path) -> None:
     on the lost host is beyond reach (the test kills it afterwards). A cluster of its own:
     this test takes a host away."""
     with start_ssh_cluster(tmp_path / "ssh") as cluster:
-        job, piddir, log = start_job(stall_spec(cluster, "torchrun", tmp_path), tmp_path)
+        job, piddir, log = start_training_job(
+            stall_spec(cluster, "torchrun", tmp_path), tmp_path, rank_env()
+        )
         lost: list[psutil.Process] = []
         try:
             wait_for_ranks(piddir, bound=UP_SECONDS, job=job, log=log)
