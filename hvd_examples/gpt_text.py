@@ -173,7 +173,8 @@ def plot(path: str, losses: list[float], evaluations: list[tuple[int, float]], t
 def write_outputs(directory: str, weights: dict[str, np.ndarray], history: dict[str, Any]) -> None:
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    np.savez(out / "weights.npz", **weights)
+    arrays: dict[str, Any] = dict(weights)  # numpy's stub would read a key as allow_pickle
+    np.savez(out / "weights.npz", **arrays)
     (out / "history.json").write_text(json.dumps(history))
 
 

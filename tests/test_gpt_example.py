@@ -58,7 +58,7 @@ SPECS = ROOT / "hvd_examples" / "specs"
 FULL = os.environ.get("TOOLKIT_GPT") == "full"
 TOLERANCE = 1e-5
 PARITY_STEPS = 12
-PARITY_CHANGES = {
+PARITY_CHANGES: dict[str, dict[str, Any]] = {
     "optimizer": {"lr": 0.003},
     "schedule": {"warmup_steps": 4, "total_steps": PARITY_STEPS},
 }
