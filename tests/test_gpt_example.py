@@ -43,7 +43,8 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.realrun import BIN, ROOT, RunOutput, run
+from tests.realrun import BIN, PYTHON, ROOT, RunOutput, run
+from toolkit.errors import ToolkitError
 from toolkit.launch.supervisor import free_port
 from toolkit.schedule import lr_ratio
 from toolkit.sharding import epoch_order
@@ -177,6 +178,21 @@ def test_the_model_has_29_state_dict_entries_with_the_tied_output_layer(
     assert len(list(model.named_parameters())) == MODEL_KEYS - 1  # the tied one listed once
 
 
+def test_bad_arguments_are_one_line_and_exit_2_before_anything_starts(
+    example: ModuleType, tmp_path: Path
+) -> None:
+    with pytest.raises(ToolkitError, match="--steps 0: must be at least 1"):
+        example.parse_args(["--spec", "s.yaml", "--steps", "0"])
+    spec = tmp_path / "constant.yaml"  # a constant schedule has no total_steps to train for
+    spec.write_text("backend: ddp\nbatch: {global: 32, micro: 8}\nlaunch: {launcher: local}\n")
+    result = run([PYTHON, EXAMPLE, "--spec", str(spec)], timeout=120)
+    assert result.returncode == 2, result.explain()
+    assert result.output.strip().splitlines() == [
+        f"error: {spec}: schedule constant has no total_steps to train for HINT: pass --steps N, "
+        "or give the spec a schedule with total_steps"
+    ]
+
+
 # -- real: 2 ranks through the spec's launcher -------------------------------------------------
 def single_process_loop(example: ModuleType, spec: TrainSpec, steps: int) -> tuple[dict, dict]:
     """The example's training as a plain torch loop, without the toolkit's runtime: what every
@@ -235,20 +251,24 @@ def reference(example: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> 
         torch.set_num_threads(threads)
 
 
-PARITY_ENGINES = ["ddp", "zero3", "horovod"]
+# (shipped spec gpt_<name>.yaml, DataLoader worker processes per rank)
+PARITY_RUNS = [("ddp", 1), ("zero3", 0), ("horovod", 0)]
 if FULL:
-    PARITY_ENGINES += ["zero1", "zero2", "zero3_offload"]
+    PARITY_RUNS += [("zero1", 0), ("zero2", 2), ("zero3_offload", 0)]
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("engine", PARITY_ENGINES)
+@pytest.mark.parametrize(("engine", "workers"), PARITY_RUNS)
 def test_gpt_trains_to_the_weights_of_one_process(
-    engine: str, tmp_path: Path, reference: tuple[dict, dict], example: ModuleType
+    engine: str,
+    workers: int,
+    tmp_path: Path,
+    reference: tuple[dict, dict],
+    example: ModuleType,
 ) -> None:
     spec = engine_spec(tmp_path, engine, PARITY_CHANGES)
     out = tmp_path / "out"
-    workers = ["--workers", "1"] if engine == "ddp" else []  # a DataLoader worker per rank
-    result = launch(spec, "--out", str(out), "--eval-every", "5", *workers)
+    result = launch(spec, "--out", str(out), "--eval-every", "5", "--workers", str(workers))
     assert_ranks_agree(result)
     weights, history = read(out)
     ref_weights, ref_history = reference
