@@ -111,11 +111,11 @@ step "6/7 Horovod $HOROVOD_VERSION (PyTorch, TensorFlow, Gloo, MPI)"
 source "$ROOT/scripts/build_horovod.sh"
 install_horovod
 
-step "7/7 the toolkit itself, with its development tools"
+step "7/7 the toolkit itself, with its development tools and the GPT example's transformers"
 # The Dockerfile installs the engines before it copies the source (TOOLKIT_INSTALL_SELF=0), so a
 # change to the code does not rebuild the engines' layer.
 if [ "${TOOLKIT_INSTALL_SELF:-1}" = 1 ]; then
-  pip_install --no-build-isolation -e "$ROOT[dev]"
+  pip_install --no-build-isolation -e "$ROOT[dev,gpt]"
 else
   echo "skipped (TOOLKIT_INSTALL_SELF=0)"
 fi
