@@ -140,7 +140,7 @@ def assert_ranks_agree(result: RunOutput) -> None:
 
 # -- unit: no engine ---------------------------------------------------------------------------
 def test_corpus_is_split_into_byte_blocks_with_the_last_tenth_held_out(example: ModuleType) -> None:
-    size = example.CORPUS.stat().st_size
+    size = importlib.import_module("text_common").CORPUS.stat().st_size
     assert 50_000 <= size <= 150_000
     train, held_out = example.corpus_splits()
     assert len(train) == int(size * 0.9) // example.BLOCK
@@ -150,7 +150,7 @@ def test_corpus_is_split_into_byte_blocks_with_the_last_tenth_held_out(example: 
     assert sample["input_ids"].shape == (example.BLOCK,) and str(sample["input_ids"].dtype) == (
         "torch.int64"
     )
-    text = example.CORPUS.read_bytes()
+    text = importlib.import_module("text_common").CORPUS.read_bytes()
     assert bytes(train[3]["input_ids"].tolist()) == text[3 * example.BLOCK : 4 * example.BLOCK]
     assert bytes(held_out[0]["input_ids"].tolist()) == text[int(size * 0.9) :][: example.BLOCK]
 
