@@ -119,15 +119,16 @@ def read(directory: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
 
 
 def without_key_bias(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The weights with each attention's key bias zeroed (its gradient is exactly zero; see the
-    module docstring)."""
-    found = dict(weights)
+    """The weights without the attentions' key biases (their gradient is exactly zero; see the
+    module docstring): GPT-2's, the middle third of attn.c_attn.bias, zeroed; Keras', a tensor
+    of its own, left out."""
+    found = {}
     for name, value in weights.items():
         if name.endswith(".attn.c_attn.bias"):
             width = len(value) // 3  # query, key, value
             found[name] = np.concatenate([value[:width], np.zeros(width), value[2 * width :]])
-        elif name.endswith("attention/key/bias"):
-            found[name] = np.zeros_like(value)
+        elif not name.endswith("attention/key/bias"):
+            found[name] = value
     return found
 
 
