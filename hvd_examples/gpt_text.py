@@ -166,7 +166,7 @@ def main() -> int:
     started = time.perf_counter()
     with closing(run.steps(train_loader, epochs=epochs)) as batches:
         for micro_batches in batches:
-            if len(losses) == steps:
+            if len(losses) == steps:  # here, so that the progress bar counts the last step
                 break
             losses.append(run.train_step(micro_batches))  # the model returns its own loss
             if len(losses) % args.eval_every == 0 and len(losses) < steps:
