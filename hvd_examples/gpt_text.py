@@ -26,17 +26,16 @@ perplexities and times: hvd_examples/data/README.md.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
 import time
 from contextlib import closing
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from text_common import BLOCK, PROMPT, VOCAB, corpus_blocks, plot, write_outputs
 from torch.utils.data import Dataset
 
 import toolkit
@@ -48,11 +47,6 @@ from toolkit.report import exit_on_user_error, print_json, weights_digest
 # import TensorFlow, which transformers otherwise loads when it is installed (about 10 s).
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("USE_TF", "0")
-
-CORPUS = Path(__file__).resolve().parent / "data" / "corpus.txt"
-BLOCK = 64  # bytes per sample, the model's context length
-HELD_OUT_FRACTION = 0.1
-PROMPT = b"DeepSpeed ZeRO-3 "
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -83,7 +77,7 @@ def model_config() -> Any:
     # No dropout: each rank would draw its own random masks, so the weights would depend on
     # the number of ranks and no two engines could be compared.
     return GPT2Config(
-        vocab_size=256,
+        vocab_size=VOCAB,
         n_positions=BLOCK,
         n_embd=64,
         n_layer=2,
@@ -106,12 +100,11 @@ def build_model() -> torch.nn.Module:
 
 
 class ByteBlocks(Dataset):
-    """Consecutive blocks of BLOCK bytes as {"input_ids", "labels"}; the labels are the inputs,
-    the model shifts them to predict each next byte. A trailing partial block is left out."""
+    """Byte blocks as {"input_ids", "labels"}; the labels are the inputs, the model shifts
+    them to predict each next byte."""
 
-    def __init__(self, data: np.ndarray) -> None:
-        usable = len(data) // BLOCK * BLOCK
-        self.blocks = torch.from_numpy(data[:usable].astype(np.int64)).view(-1, BLOCK)
+    def __init__(self, blocks: np.ndarray) -> None:
+        self.blocks = torch.from_numpy(blocks)
 
     def __len__(self) -> int:
         return len(self.blocks)
@@ -122,10 +115,9 @@ class ByteBlocks(Dataset):
 
 
 def corpus_splits() -> tuple[ByteBlocks, ByteBlocks]:
-    """(training blocks, held-out blocks): the held-out text is the corpus's last 10%."""
-    data = np.frombuffer(CORPUS.read_bytes(), dtype=np.uint8)
-    cut = int(len(data) * (1 - HELD_OUT_FRACTION))
-    return ByteBlocks(data[:cut]), ByteBlocks(data[cut:])
+    """(training blocks, held-out blocks), see text_common."""
+    train, held_out = corpus_blocks()
+    return ByteBlocks(train), ByteBlocks(held_out)
 
 
 def token_sums(outputs: Any, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
@@ -152,32 +144,6 @@ def continue_text(model: torch.nn.Module, prompt: bytes, length: int = 48) -> st
     return bytes(ids[0, len(prompt) :].tolist()).decode("utf-8", errors="replace")
 
 
-def plot(path: str, losses: list[float], evaluations: list[tuple[int, float]], title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    left.plot(range(1, len(losses) + 1), losses)
-    left.set(xlabel="optimizer step", ylabel="training loss (nats per byte)", title=title)
-    steps, perplexities = zip(*evaluations, strict=True)
-    right.plot(steps, perplexities, marker="o")
-    right.set(xlabel="optimizer step", ylabel="held-out perplexity", yscale="log")
-    right.set_title("held-out perplexity (per byte)")
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-
-
-def write_outputs(directory: str, weights: dict[str, np.ndarray], history: dict[str, Any]) -> None:
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    arrays: dict[str, Any] = dict(weights)  # numpy's stub would read a key as allow_pickle
-    np.savez(out / "weights.npz", **arrays)
-    (out / "history.json").write_text(json.dumps(history))
-
-
 def main() -> int:
     argv, _ = split_local_rank_arg(sys.argv[1:])  # the deepspeed launcher appends --local_rank
     args = parse_args(argv)
@@ -200,7 +166,7 @@ def main() -> int:
     started = time.perf_counter()
     with closing(run.steps(train_loader, epochs=epochs)) as batches:
         for micro_batches in batches:
-            if len(losses) == steps:
+            if len(losses) == steps:  # here, so that the progress bar counts the last step
                 break
             losses.append(run.train_step(micro_batches))  # the model returns its own loss
             if len(losses) % args.eval_every == 0 and len(losses) < steps:
