@@ -7,7 +7,8 @@ The script never names an engine or a launcher; the spec and the launcher do:
         --spec hvd_examples/specs/horovod.yaml
     mpirun -np 2 python hvd_examples/torch_digits.py --spec hvd_examples/specs/horovod.yaml
     deepspeed --num_gpus 2 hvd_examples/torch_digits.py --spec hvd_examples/specs/zero2.yaml
-    toolkit launch --spec hvd_examples/specs/ddp.yaml -- hvd_examples/torch_digits.py
+    toolkit launch --spec hvd_examples/specs/ddp.yaml -- hvd_examples/torch_digits.py \
+        --spec hvd_examples/specs/ddp.yaml
 
 Rank 0 shows a progress bar and prints one JSON line of metrics; the exit status is 1 when the
 held-out accuracy is below --min-accuracy.
