@@ -7,10 +7,15 @@ BIN := $(VENV)/bin
 setup:
 	bash scripts/setup.sh
 
-# The toolkit's main job on built-in data: every engine against the single-process reference.
+# The toolkit's main job on built-in data: every engine against the single-process reference,
+# then a real model: the GPT example under DeepSpeed ZeRO-2 to its stated perplexity.
+GPT_SPEC := hvd_examples/specs/gpt_zero2.yaml
 demo: setup
 	$(BIN)/toolkit doctor
 	$(BIN)/toolkit parity --out reports/parity
+	mkdir -p reports/gpt
+	$(BIN)/toolkit launch --spec $(GPT_SPEC) -- hvd_examples/gpt_text.py --spec $(GPT_SPEC) \
+		--max-perplexity 8 --plot reports/gpt/gpt.png
 
 lint:
 	$(BIN)/ruff check toolkit tests hvd_examples
