@@ -6,8 +6,8 @@ rank each. The spec reaches them as a user's would: `launch.hosts`, the sshd's p
 
 Parity: each engine trains the parity model on both hosts and must end with the weights of the
 single-process reference, like the one-host parity cases (toolkit.parity). By default a
-representative subset runs (one case per launcher that reaches other hosts); set
-`TOOLKIT_CLUSTER=full` for every engine × launcher pair listed in FULL.
+representative subset runs (with the fault tests, every way of reaching a host but
+horovodrun's); `TOOLKIT_CLUSTER=full` runs every engine × launcher pair listed in FULL.
 
 TF MultiWorkerMirrored runs here because worker ports are unique across the job
 (toolkit.render.tf): with ports counted per host, the two loopback "hosts" collided in
@@ -46,12 +46,13 @@ pytestmark = [pytest.mark.cluster, pytest.mark.multiproc]
 HOSTS = ["127.0.0.2:1", "127.0.0.3:1"]
 SUBSET = [
     ("zero2/deepspeed:mlp:adamw", None),
-    ("horovod/horovodrun-gloo:mlp:adamw", None),
-    ("ddp/torchrun:mlp:adamw", None),
     ("tf-multiworker/local:mlp:adamw", None),
 ]
+"""With the fault tests below (mpirun, torchrun), every ssh path runs by default."""
 FULL = [
     *SUBSET,
+    ("horovod/horovodrun-gloo:mlp:adamw", None),
+    ("ddp/torchrun:mlp:adamw", None),
     ("ddp/torchrun:mlp:adamw", "local"),
     ("ddp/torchrun:mlp:adamw", "mpirun"),
     ("horovod/mpirun:mlp:adamw", None),
