@@ -87,11 +87,11 @@ class Job:
         heartbeat_host: str,
         *,
         placement: Mapping[int, str] | None = None,
-        on_teardown: Callable[[], None] | None = None,
+        on_teardown: Callable[[str], None] | None = None,
     ) -> None:
         """`placement`: the host of each rank where the plan decides it (several hosts), used
-        to name a rank in reports. `on_teardown`: run once every local process is stopped
-        (the sweep of the job's remote hosts)."""
+        to name a rank in reports. `on_teardown`: called with the job's id once every local
+        process is stopped (the sweep of the job's remote hosts)."""
         self.timeout = timeout
         self.stall_timeout = stall_timeout
         self.grace = grace
@@ -319,7 +319,7 @@ class Job:
             for reader in child.readers:
                 reader.join(timeout=self.grace)
         if self.on_teardown is not None:
-            self.on_teardown()
+            self.on_teardown(self.job_id)
         self.console.end_lines()
         self.watchdog.close()
         self.heartbeats.drain()  # the end reports of ranks that died with the launcher

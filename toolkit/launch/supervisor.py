@@ -112,9 +112,15 @@ def _job(
 ) -> Job:
     if remote is None:
         return Job(timeout, stall_timeout, grace, echo, heartbeat_host)
-    job = Job(timeout, stall_timeout, grace, echo, heartbeat_host, placement=remote.placement)
-    job.on_teardown = lambda: remote.reap(job.job_id)
-    return job
+    return Job(
+        timeout,
+        stall_timeout,
+        grace,
+        echo,
+        heartbeat_host,
+        placement=remote.placement,
+        on_teardown=remote.reap,
+    )
 
 
 def run_local(
