@@ -270,6 +270,23 @@ def reference(example: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 # (shipped spec gpt_<name>.yaml, DataLoader worker processes per rank)
+def assert_matches_reference(
+    result: RunOutput,
+    weights: dict[str, np.ndarray],
+    history: dict[str, Any],
+    ref_weights: dict[str, np.ndarray],
+    ref_history: dict[str, Any],
+) -> None:
+    """Weights (the key bias aside, see above), per-step losses, and the perplexity evaluated
+    mid-training (steps 5 and 10) and at the end, all within TOLERANCE of the reference."""
+    found = deviation(without_key_bias(weights), without_key_bias(ref_weights))
+    assert found <= TOLERANCE, f"weight deviation {found:.2e}\n{result.explain()}"
+    assert np.allclose(history["losses"], ref_history["losses"], rtol=TOLERANCE, atol=0)
+    assert [step for step, _ in history["evaluations"]] == [5, 10, PARITY_STEPS]
+    final, ref_final = history["evaluations"][-1][1], ref_history["evaluations"][-1][1]
+    assert final == pytest.approx(ref_final, rel=TOLERANCE)
+
+
 PARITY_RUNS = [("ddp", 1), ("zero3", 0)]
 if FULL:
     PARITY_RUNS += [("horovod", 0), ("zero1", 0), ("zero2", 2), ("zero3_offload", 0)]
@@ -296,13 +313,7 @@ def test_gpt_trains_to_the_weights_of_one_process(
     assert history["keys"] == ref_history["keys"] == list(example.build_model().state_dict())
     assert metrics(result)["state_dict_entries"] == MODEL_KEYS
     assert np.array_equal(weights["lm_head.weight"], weights["transformer.wte.weight"])
-    found = deviation(without_key_bias(weights), without_key_bias(ref_weights))
-    assert found <= TOLERANCE, f"weight deviation {found:.2e}\n{result.explain()}"
-    assert np.allclose(history["losses"], ref_history["losses"], rtol=TOLERANCE, atol=0)
-    # evaluated mid-training (steps 5 and 10) and at the end; the end matches the reference
-    assert [step for step, _ in history["evaluations"]] == [5, 10, PARITY_STEPS]
-    final, ref_final = history["evaluations"][-1][1], ref_history["evaluations"][-1][1]
-    assert final == pytest.approx(ref_final, rel=TOLERANCE)
+    assert_matches_reference(result, weights, history, ref_weights, ref_history)
 
 
 @needs_transformers
@@ -380,12 +391,7 @@ def test_keras_trains_to_the_weights_of_one_process(
     ref_weights, ref_history = keras_reference
     # Keras weight paths, in the model's order; rank 0 loaded them into a fresh model by name
     assert history["keys"] == ref_history["keys"] and len(history["keys"]) == KERAS_KEYS
-    found = deviation(without_key_bias(weights), without_key_bias(ref_weights))
-    assert found <= TOLERANCE, f"weight deviation {found:.2e}\n{result.explain()}"
-    assert np.allclose(history["losses"], ref_history["losses"], rtol=TOLERANCE, atol=0)
-    assert [step for step, _ in history["evaluations"]] == [5, 10, PARITY_STEPS]
-    final, ref_final = history["evaluations"][-1][1], ref_history["evaluations"][-1][1]
-    assert final == pytest.approx(ref_final, rel=TOLERANCE)
+    assert_matches_reference(result, weights, history, ref_weights, ref_history)
 
 
 @keras_runs
