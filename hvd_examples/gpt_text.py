@@ -26,22 +26,28 @@ perplexities and times: hvd_examples/data/README.md.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
-import time
-from contextlib import closing
 from typing import Any
 
 import numpy as np
 import torch
-from text_common import BLOCK, PROMPT, VOCAB, corpus_blocks, plot, write_outputs
+from text_common import (
+    BLOCK,
+    PROMPT,
+    VOCAB,
+    argument_parser,
+    corpus_blocks,
+    parse_checked,
+    report,
+    steps_to_train,
+    train,
+)
 from torch.utils.data import Dataset
 
 import toolkit
-from toolkit.errors import ToolkitError
 from toolkit.launch.environment import split_local_rank_arg
-from toolkit.report import exit_on_user_error, print_json, weights_digest
+from toolkit.report import exit_on_user_error
 
 # Before transformers is imported (in build_model): never reach the Hugging Face hub, and do not
 # import TensorFlow, which transformers otherwise loads when it is installed (about 10 s).
@@ -50,25 +56,9 @@ os.environ.setdefault("USE_TF", "0")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", required=True, help="the training spec (YAML or JSON)")
-    parser.add_argument(
-        "--steps", type=int, help="optimizer steps to train (default: schedule.total_steps)"
-    )
-    parser.add_argument("--eval-every", type=int, default=100, help="steps between evaluations")
-    parser.add_argument("--max-perplexity", type=float, help="exit 1 when the final one is above")
+    parser = argument_parser(__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
-    parser.add_argument("--plot", help="rank 0 writes the loss and perplexity curves here (PNG)")
-    parser.add_argument(
-        "--out", help="rank 0 writes weights.npz (full_state_dict) and history.json here"
-    )
-    args = parser.parse_args(argv)
-    for name in ("steps", "eval_every"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            flag = "--" + name.replace("_", "-")
-            raise ToolkitError(f"{flag} {value}: must be at least 1", f"e.g. {flag} 100")
-    return args
+    return parse_checked(parser, argv)
 
 
 def model_config() -> Any:
@@ -148,58 +138,32 @@ def main() -> int:
     argv, _ = split_local_rank_arg(sys.argv[1:])  # the deepspeed launcher appends --local_rank
     args = parse_args(argv)
     spec = toolkit.load_spec(args.spec)
-    steps = args.steps or spec.schedule.total_steps
-    if steps is None:
-        raise ToolkitError(
-            f"{args.spec}: schedule {spec.schedule.name} has no total_steps to train for",
-            "pass --steps N, or give the spec a schedule with total_steps",
-        )
+    steps = steps_to_train(args, spec)
     run = toolkit.init(spec)
     torch.manual_seed(spec.seed)  # every rank builds the same initial weights
     run.prepare(build_model())
-    train, held_out = corpus_splits()
-    train_loader = run.loader(train, num_workers=args.workers)
+    train_blocks, held_out = corpus_splits()
+    train_loader = run.loader(train_blocks, num_workers=args.workers)
     eval_loader = run.loader(held_out, shuffle=False)
-    epochs = math.ceil(steps / train_loader.steps_per_epoch)
-    losses: list[float] = []
-    evaluations: list[tuple[int, float]] = []
-    started = time.perf_counter()
-    with closing(run.steps(train_loader, epochs=epochs)) as batches:
-        for micro_batches in batches:
-            if len(losses) == steps:  # here, so that the progress bar counts the last step
-                break
-            losses.append(run.train_step(micro_batches))  # the model returns its own loss
-            if len(losses) % args.eval_every == 0 and len(losses) < steps:
-                metrics = run.evaluate(eval_loader, token_sums, pairs=False)
-                evaluations.append((len(losses), metrics.perplexity))
-    train_seconds = time.perf_counter() - started
-    final = run.evaluate(eval_loader, token_sums, pairs=False)
-    evaluations.append((len(losses), final.perplexity))
-    weights = run.full_state_dict()
-    print_json(rank=run.rank, weights_sha256=weights_digest(weights))
-    if run.is_main:
-        sample = continue_text(strict_load(weights), PROMPT)
-        history = {"losses": losses, "evaluations": evaluations, "keys": list(weights)}
-        if args.out:
-            write_outputs(args.out, weights, history)
-        if args.plot:
-            title = f"{spec.backend}, {run.world_size} ranks, {spec.schedule.name}"
-            plot(args.plot, losses, evaluations, title)
-        print_json(
-            backend=spec.backend,
-            launcher=run.env.launcher,
-            world_size=run.world_size,
-            steps=len(losses),
-            first_loss=losses[0],
-            final_loss=losses[-1],
-            perplexity=final.perplexity,
-            evaluated_bytes=int(final["count"]),
-            train_seconds=round(train_seconds, 1),
-            state_dict_entries=len(weights),
-            sample=PROMPT.decode() + sample,
-        )
+    trained = train(
+        run,
+        train_loader,
+        steps,
+        args.eval_every,
+        step=run.train_step,  # the model returns its own loss
+        evaluate=lambda: run.evaluate(eval_loader, token_sums, pairs=False),
+    )
+    title = f"{spec.backend}, {run.world_size} ranks, {spec.schedule.name}"
+    status = report(
+        run,
+        args,
+        run.full_state_dict(),
+        trained,
+        lambda weights: continue_text(strict_load(weights), PROMPT),
+        title,
+    )
     run.shutdown()
-    return 0 if args.max_perplexity is None or final.perplexity <= args.max_perplexity else 1
+    return status
 
 
 if __name__ == "__main__":

@@ -22,11 +22,8 @@ every rank prints its weights' digest. Exit status 1 when the final perplexity i
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
-import time
-from contextlib import closing
 from typing import Any
 
 import numpy as np
@@ -35,33 +32,27 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras
 import tensorflow as tf
-from text_common import BLOCK, PROMPT, VOCAB, corpus_blocks, plot, write_outputs
+from text_common import (
+    BLOCK,
+    PROMPT,
+    VOCAB,
+    argument_parser,
+    corpus_blocks,
+    parse_checked,
+    report,
+    steps_to_train,
+    train,
+)
 
 import toolkit
-from toolkit.errors import ToolkitError
-from toolkit.report import exit_on_user_error, print_json, weights_digest
+from toolkit.report import exit_on_user_error
 
 WIDTH, LAYERS, HEADS = 64, 2, 2
 CONTEXT = BLOCK - 1  # inputs per sample
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", required=True, help="the training spec (YAML or JSON)")
-    parser.add_argument(
-        "--steps", type=int, help="optimizer steps to train (default: schedule.total_steps)"
-    )
-    parser.add_argument("--eval-every", type=int, default=100, help="steps between evaluations")
-    parser.add_argument("--max-perplexity", type=float, help="exit 1 when the final one is above")
-    parser.add_argument("--plot", help="rank 0 writes the loss and perplexity curves here (PNG)")
-    parser.add_argument("--out", help="rank 0 writes weights.npz and history.json here")
-    args = parser.parse_args(argv)
-    for name in ("steps", "eval_every"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            flag = "--" + name.replace("_", "-")
-            raise ToolkitError(f"{flag} {value}: must be at least 1", f"e.g. {flag} 100")
-    return args
+    return parse_checked(argument_parser(__doc__.splitlines()[0]), argv)
 
 
 class PositionEmbedding(keras.layers.Layer):
@@ -151,60 +142,34 @@ def continue_text(model: keras.Model, prompt: bytes, length: int = 46) -> str:
 def main() -> int:
     args = parse_args(sys.argv[1:])
     spec = toolkit.load_spec(args.spec)
-    steps = args.steps or spec.schedule.total_steps
-    if steps is None:
-        raise ToolkitError(
-            f"{args.spec}: schedule {spec.schedule.name} has no total_steps to train for",
-            "pass --steps N, or give the spec a schedule with total_steps",
-        )
+    steps = steps_to_train(args, spec)
     run = toolkit.init(spec)
     with run.scope():
         model = build_model()
     run.prepare(model)
-    train, held_out = corpus_blocks()
-    train_loader = run.loader(dataset(train, spec.seed))
+    train_blocks, held_out = corpus_blocks()
+    train_loader = run.loader(dataset(train_blocks, spec.seed))
     eval_loader = run.loader(dataset(held_out, None))
-    epochs = math.ceil(steps / train_loader.steps_per_epoch)
-    losses: list[float] = []
-    evaluations: list[tuple[int, float]] = []
-    started = time.perf_counter()
-    with closing(run.steps(train_loader, epochs=epochs)) as batches:
-        for micro_batches in batches:
-            if len(losses) == steps:  # here, so that the progress bar counts the last step
-                break
-            losses.append(run.train_step(micro_batches, loss_fn))
-            if len(losses) % args.eval_every == 0 and len(losses) < steps:
-                evaluations.append((len(losses), run.evaluate(eval_loader, byte_sums).perplexity))
-    train_seconds = time.perf_counter() - started
-    final = run.evaluate(eval_loader, byte_sums)
-    evaluations.append((len(losses), final.perplexity))
-    weights = run.full_state_dict()
-    print_json(rank=run.rank, weights_sha256=weights_digest(weights))
-    if run.is_main:
-        sample = continue_text(load_by_name(weights), PROMPT)
-        if args.out:
-            history = {"losses": losses, "evaluations": evaluations, "keys": list(weights)}
-            write_outputs(args.out, weights, history)
-        if args.plot:
-            title = f"{spec.backend} ({spec.framework_name}), {run.dp_size} replicas"
-            plot(args.plot, losses, evaluations, title)
-        print_json(
-            backend=spec.backend,
-            framework=spec.framework_name,
-            launcher=run.env.launcher,
-            world_size=run.world_size,
-            replicas=run.dp_size,
-            steps=len(losses),
-            first_loss=losses[0],
-            final_loss=losses[-1],
-            perplexity=final.perplexity,
-            evaluated_bytes=int(final["count"]),
-            train_seconds=round(train_seconds, 1),
-            state_dict_entries=len(weights),
-            sample=PROMPT.decode() + sample,
-        )
+    trained = train(
+        run,
+        train_loader,
+        steps,
+        args.eval_every,
+        step=lambda micro_batches: run.train_step(micro_batches, loss_fn),
+        evaluate=lambda: run.evaluate(eval_loader, byte_sums),
+    )
+    status = report(
+        run,
+        args,
+        run.full_state_dict(),
+        trained,
+        lambda weights: continue_text(load_by_name(weights), PROMPT),
+        f"{spec.backend} ({spec.framework_name}), {run.dp_size} replicas",
+        framework=spec.framework_name,
+        replicas=run.dp_size,
+    )
     run.shutdown()
-    return 0 if args.max_perplexity is None or final.perplexity <= args.max_perplexity else 1
+    return status
 
 
 if __name__ == "__main__":
