@@ -75,8 +75,8 @@ CASES = {
         world=2, changed=("zero_optimization.offload_param.device",)
     ),
     "hf_zero2_auto": Case(world=2, settings=HF_ZERO2),
-    # DeepSpeed's WarmupDecayLR warms up on a log curve unless warmup_type says linear.
-    "hf_zero3_auto_scheduler": Case(world=2, settings=HF_ZERO3, refused=("scheduler",)),
+    # No warmup_type: DeepSpeed's WarmupDecayLR warms up on a log curve (warmup_shape: log).
+    "hf_zero3_auto_scheduler": Case(world=2, settings=HF_ZERO3),
     "fp16_autocast_prescale_warmup": Case(world=4, given_world=True),
     "pipeline_sgd_monitors": Case(
         world=4, given_world=True, refused=("scheduler", "tensorboard", "flops_profiler")
@@ -212,6 +212,18 @@ def test_bert_adam_keeps_bias_correction_off() -> None:
         False,
         True,
     )
+
+
+def test_a_scheduler_without_warmup_type_gets_the_log_warmup_written_out() -> None:
+    imported = spec_from_deepspeed(config_of("hf_zero3_auto_scheduler"), world_size=2)
+    schedule = imported.spec.schedule
+    assert (schedule.name, schedule.warmup_shape, schedule.warmup_steps) == (
+        "warmup_linear",
+        "log",
+        10,
+    )
+    params = deepspeed_config(imported.spec, 2)["scheduler"]["params"]
+    assert params["warmup_type"] == "log"
 
 
 def test_removed_keys_match_deepspeeds_list() -> None:

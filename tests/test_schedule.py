@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import pytest
 
 from toolkit.schedule import deepspeed_scheduler, lr_ratio
+from toolkit.spec import SpecError
+from toolkit.spec.model import build_spec
 
 # Engines set environment variables when imported: import them before the leak fixture runs.
 try:
@@ -22,6 +24,7 @@ except ImportError:  # the DeepSpeed check below skips
 class Sched:
     name: str
     warmup_steps: int = 0
+    warmup_shape: str = "linear"
     total_steps: int | None = None
     warmup_start_ratio: float = 0.0
     min_ratio: float = 0.0
@@ -55,6 +58,12 @@ def test_linear_decay_and_step_decay() -> None:
     ("schedule", "ds_type"),
     [
         (Sched("warmup_constant", warmup_steps=5, warmup_start_ratio=0.1), "WarmupLR"),
+        (Sched("warmup_constant", warmup_steps=6, warmup_shape="log"), "WarmupLR"),
+        (
+            Sched("warmup_linear", warmup_steps=4, warmup_shape="log", total_steps=9,
+                  warmup_start_ratio=0.1, min_ratio=0.1),
+            "WarmupDecayLR",
+        ),
         (
             Sched("warmup_linear", warmup_steps=3, total_steps=10, warmup_start_ratio=0.05,
                   min_ratio=0.05),
@@ -78,6 +87,21 @@ def test_deepspeed_scheduler_pre_stepped_once_equals_the_formula(
         seen.append(optimizer.param_groups[0]["lr"])
         scheduler.step()  # what the engine does after every optimizer step
     assert seen == pytest.approx([peak * lr_ratio(schedule, k) for k in range(14)], rel=1e-12)
+
+
+def test_log_warmup_rises_by_the_logarithm_and_is_complete_one_step_early() -> None:
+    log = Sched("warmup_constant", warmup_steps=5, warmup_shape="log", warmup_start_ratio=0.2)
+    assert lr_ratio(log, 0) == pytest.approx(0.2)
+    assert lr_ratio(log, 2) == pytest.approx(0.2 + 0.8 * math.log(3) / math.log(5))
+    assert [lr_ratio(log, k) for k in (4, 5, 50)] == pytest.approx([1.0, 1.0, 1.0])
+
+
+def test_a_log_warmup_of_one_step_is_refused_naming_the_field() -> None:
+    schedule = {"name": "warmup_constant", "warmup_steps": 1, "warmup_shape": "log"}
+    with pytest.raises(SpecError) as caught:
+        build_spec({"schedule": schedule})
+    (issue,) = caught.value.issues
+    assert issue.path == "schedule.warmup_shape" and "at least 2" in str(caught.value)
 
 
 def test_schedules_deepspeed_cannot_express_are_left_to_the_backend() -> None:

@@ -7,7 +7,7 @@ The reverse of `toolkit.render.deepspeed`, with no silent path. Every key of the
 - or accepted because it holds what the toolkit writes anyway (reduce_scatter true,
   gradient_allreduce_op "mean"), or what DeepSpeed itself ignores (offload_param below ZeRO
   stage 3, which only stage 3 reads);
-- or dropped: not modelled (monitors, other optimizers, log warmups, ...) or removed from
+- or dropped: not modelled (monitors, other schedulers and optimizers, ...) or removed from
   DeepSpeed. A dropped key is an error naming it (`deepspeed_input.Report.strict_issues`), unless
   the caller asks for a lossy import, which records each dropped key with its value.
 "auto" values (Hugging Face's placeholders) must all be filled first (`--set`).
@@ -146,22 +146,25 @@ def _optimizer(ds: ConfigReader, out: _Build, report: Report) -> None:
 
 
 def _scheduler(ds: ConfigReader, out: _Build, report: Report) -> None:
-    """DeepSpeed's WarmupLR / WarmupDecayLR with linear warmup: the spec's warmup_constant /
-    warmup_linear (toolkit.schedule); their peak, warmup_max_lr, is the learning rate."""
+    """DeepSpeed's WarmupLR / WarmupDecayLR: the spec's warmup_constant / warmup_linear
+    (toolkit.schedule) with warmup_shape from warmup_type; their peak, warmup_max_lr, is the
+    learning rate. DeepSpeed reads a missing or unknown warmup_type as log (it only logs a
+    warning for an unknown one), so the spec gets log too, written out."""
     if not ds.has("scheduler"):
         return
     section = ds.sub("scheduler")
     kind = section.get("type")
     params = section.sub("params")
-    warmup_type = params.get("warmup_type", "log")
-    if kind not in ("WarmupLR", "WarmupDecayLR") or warmup_type != "linear":
-        why = (
-            f"scheduler type {show_value(kind)} is not modelled"
-            if kind not in ("WarmupLR", "WarmupDecayLR")
-            else "only warmup_type linear is modelled (DeepSpeed's default is log)"
-        )
-        report.drop("scheduler", section.data, why)
+    if kind not in ("WarmupLR", "WarmupDecayLR"):
+        report.drop("scheduler", section.data, f"scheduler type {show_value(kind)} is not modelled")
         return
+    warmup_type = params.get("warmup_type", "log")
+    shape = warmup_type if warmup_type in ("linear", "log") else "log"
+    if shape != warmup_type:
+        report.note(
+            f"scheduler.params.warmup_type {show_value(warmup_type)}: DeepSpeed reads an "
+            "unknown warmup_type as log; imported as warmup_shape: log"
+        )
     low, peak = params.get("warmup_min_lr", 0.0), params.get("warmup_max_lr", 0.001)
     steps = _whole(params.get("warmup_num_steps", 1000))
     if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in (low, peak, steps)):
@@ -173,6 +176,7 @@ def _scheduler(ds: ConfigReader, out: _Build, report: Report) -> None:
     name = "warmup_constant" if kind == "WarmupLR" else "warmup_linear"
     out.put("schedule.name", section.at("type"), name)
     out.put("schedule.warmup_steps", params.at("warmup_num_steps"), max(2, steps))
+    out.put("schedule.warmup_shape", params.at("warmup_type"), shape)
     out.put("schedule.warmup_start_ratio", params.at("warmup_min_lr"), low / peak)
     out.put("optimizer.lr", params.at("warmup_max_lr"), peak)
     if kind == "WarmupDecayLR":

@@ -12,6 +12,7 @@ from pydantic import Field, ValidationInfo, field_validator
 from toolkit.spec.fields import Section, field_error
 
 ScheduleName = Literal["constant", "warmup_constant", "warmup_linear", "warmup_cosine", "step"]
+WarmupShape = Literal["linear", "log"]
 DECAYS_TO_TOTAL = ("warmup_linear", "warmup_cosine")
 
 
@@ -25,7 +26,12 @@ class ScheduleSpec(Section):
         "decay to min_ratio at total_steps); step (warmup, then x step_gamma every step_size).",
     )
     warmup_steps: int = Field(
-        default=0, ge=0, description="Optimizer steps of linear warmup from warmup_start_ratio."
+        default=0, ge=0, description="Optimizer steps of warmup from warmup_start_ratio."
+    )
+    warmup_shape: WarmupShape = Field(
+        default="linear",
+        description="How the warmup rises: linear (k / warmup_steps) or log (ln(k + 1) / "
+        "ln(warmup_steps), DeepSpeed's WarmupLR default; needs warmup_steps >= 2).",
     )
     warmup_start_ratio: float = Field(
         default=0.0, ge=0, le=1, description="Learning-rate factor at step 0 of the warmup."
@@ -48,6 +54,17 @@ class ScheduleSpec(Section):
     step_gamma: float = Field(
         default=0.1, gt=0, le=1, description="step: factor applied every step_size steps."
     )
+
+    @field_validator("warmup_shape")
+    @classmethod
+    def _log_needs_two_steps(cls, shape: WarmupShape, info: ValidationInfo) -> WarmupShape:
+        warmup = info.data.get("warmup_steps")
+        if shape == "log" and warmup is not None and 0 < warmup < 2:
+            raise field_error(
+                f"a log warmup needs warmup_steps of at least 2 (got {warmup})",
+                "ln(warmup_steps) is its divisor; use warmup_steps: 2 or more, or linear",
+            )
+        return shape
 
     @field_validator("total_steps")
     @classmethod
