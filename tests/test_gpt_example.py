@@ -49,6 +49,8 @@ import pytest
 import yaml
 
 from tests.realrun import BIN, PYTHON, ROOT, RunOutput, run
+from toolkit.checkpoint import CheckpointState, write_checkpoint
+from toolkit.cli import main
 from toolkit.errors import ToolkitError
 from toolkit.launch.supervisor import free_port
 from toolkit.schedule import lr_ratio
@@ -193,6 +195,33 @@ def test_the_model_has_29_state_dict_entries_with_the_tied_output_layer(
     assert len(keys) == MODEL_KEYS and keys[-1] == "lm_head.weight"
     assert model.lm_head.weight is model.transformer.wte.weight
     assert len(list(model.named_parameters())) == MODEL_KEYS - 1  # the tied one listed once
+
+
+@needs_transformers
+def test_an_exported_checkpoint_is_what_from_pretrained_loads(
+    example: ModuleType, tmp_path: Path
+) -> None:
+    """`toolkit checkpoint export --to safetensors` beside the model's config.json is a
+    directory Hugging Face's from_pretrained loads, tied output layer included."""
+    import torch
+    from transformers import GPT2LMHeadModel
+
+    torch.manual_seed(5)
+    trained = example.build_model()
+    weights = {name: value.detach().numpy() for name, value in trained.state_dict().items()}
+    write_checkpoint(tmp_path / "ckpt", CheckpointState(step=3, model=weights))
+    export = tmp_path / "hf"
+    export.mkdir()
+    argv = ["checkpoint", "export", str(tmp_path / "ckpt"), "--to", "safetensors"]
+    assert main([*argv, "--out", str(export / "model.safetensors")]) == 0
+    trained.config.save_pretrained(export)
+    loaded = GPT2LMHeadModel.from_pretrained(export)
+    assert loaded.lm_head.weight is loaded.transformer.wte.weight
+    for name, value in loaded.state_dict().items():
+        np.testing.assert_array_equal(value.numpy(), weights[name], err_msg=name)
+    ids = torch.arange(16).reshape(1, 16)
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, trained(ids).logits)
 
 
 @needs_transformers
