@@ -5,9 +5,10 @@ that training reduces the loss, reaches the stated held-out accuracy, and that e
 with identical full weights.
 
 By default a representative subset runs (SUBSET: every engine and every launcher at least
-once; offload runs in the batch tests); `TOOLKIT_MATRIX=full` runs all the cells (about 12
-minutes on 2 cores). The parity subset, the stalled-rank tests and the soak run the engines
-under `toolkit launch` too.
+once, the pipeline and Horovod cells with specs that leave the world size and the controller
+to the launcher; offload runs in the batch tests); `TOOLKIT_MATRIX=full` runs all the cells
+(about 13 minutes on 2 cores). The parity subset, the stalled-rank tests and the soak run the
+engines under `toolkit launch` too.
 """
 
 from __future__ import annotations
@@ -28,8 +29,17 @@ EPOCHS = ["--epochs", "3"]
 MIN_ACCURACY = "0.85"
 
 
+TEST_SPECS = Path(__file__).parent / "specs"
+
+
 def torch_args(name: str) -> list[str]:
     return [TORCH_EXAMPLE, "--spec", spec(name), *EPOCHS, "--min-accuracy", MIN_ACCURACY]
+
+
+def launcher_decides(name: str) -> list[str]:
+    """The example with a spec from tests/specs that leaves a launcher's choice to it."""
+    path = str(TEST_SPECS / f"{name}.yaml")
+    return [TORCH_EXAMPLE, "--spec", path, *EPOCHS, "--min-accuracy", MIN_ACCURACY]
 
 
 def tf_args(name: str) -> list[str]:
@@ -66,6 +76,16 @@ CELLS: dict[str, list[str]] = {
     "zero3_offload-deepspeed": [*DEEPSPEED, *torch_args("zero3_offload")],
     "zero2-torchrun": [*TORCHRUN, *torch_args("zero2")],
     "zero3-mpirun": [*mpirun(), PYTHON, *torch_args("zero3")],
+    # Specs without launch.np or horovod.controller: the launcher decides both
+    "pipeline_ranks_from_launcher-deepspeed": [
+        *DEEPSPEED,
+        *launcher_decides("pipeline_ranks_from_launcher"),
+    ],
+    "horovod_controller_from_launcher-mpirun": [
+        *mpirun(),
+        PYTHON,
+        *launcher_decides("horovod_controller_from_launcher"),
+    ],
     # TensorFlow: Horovod and tf.distribute
     "horovod_tf-horovodrun_gloo": [*horovodrun("gloo"), *tf_args("horovod_tf")],
     "horovod_tf-mpirun": [*mpirun(), PYTHON, *tf_args("horovod_tf")],
@@ -82,10 +102,10 @@ CELLS: dict[str, list[str]] = {
 
 SUBSET = [
     "ddp-torchrun",
-    "horovod-horovodrun_mpi",
+    "horovod_controller_from_launcher-mpirun",
     "zero2-deepspeed",
     "zero3-mpirun",
-    "pipeline-deepspeed",
+    "pipeline_ranks_from_launcher-deepspeed",
     "horovod_tf-horovodrun_gloo",
     "tf_multiworker-mpirun",
     "tf_multiworker-toolkit_launch_local",

@@ -91,7 +91,7 @@ FULL_PARITY = os.environ.get("TOOLKIT_PARITY") == "full"
 # schedule; `TOOLKIT_PARITY=full make test` (and `make demo`) run every case.
 REPRESENTATIVE = [
     ":mlp:adamw-warmup-cosine",
-    "zero1/deepspeed:mlp:sgd-warmup-linear",
+    "zero1/deepspeed:mlp:sgd-logwarmup-linear",
     "tf-ref-vs-torch-ref:warmup-cosine",
 ]
 

@@ -80,13 +80,15 @@ ADAMW_WARMUP_COSINE: dict[str, Any] = {
         "min_ratio": 0.1,
     },
 }
-# Warmup then linear decay to the warmup's start: the shape DeepSpeed's own WarmupDecayLR
-# computes, so DeepSpeed runs its own scheduler here (aligned by one step; toolkit.schedule).
-SGD_WARMUP_LINEAR: dict[str, Any] = {
+# Log warmup then linear decay to the warmup's start: DeepSpeed's own WarmupDecayLR with its
+# default warmup_type (log), so DeepSpeed runs its own scheduler here (aligned by one step;
+# toolkit.schedule) and every other engine follows the same formula.
+SGD_LOG_WARMUP_LINEAR: dict[str, Any] = {
     **SGD_ACCUMULATE_CLIP,
     "schedule": {
         "name": "warmup_linear",
         "warmup_steps": 4,
+        "warmup_shape": "log",
         "warmup_start_ratio": 0.2,
         "total_steps": 20,
         "min_ratio": 0.2,
@@ -99,7 +101,7 @@ RECIPES = {
     "adamw-warmup-cosine": ADAMW_WARMUP_COSINE,
 }
 """Recipes every engine runs (unless it names its own)."""
-EXTRA_RECIPES = {"sgd-warmup-linear": SGD_WARMUP_LINEAR}
+EXTRA_RECIPES = {"sgd-logwarmup-linear": SGD_LOG_WARMUP_LINEAR}
 """Recipes only some engines run, named in all_cases."""
 
 
@@ -236,7 +238,7 @@ def all_cases() -> list[Case]:
         for engine in ("ddp/torchrun", "horovod/horovodrun-gloo")
     ]
     cases += [
-        _case(engine, "sgd-warmup-linear")
+        _case(engine, "sgd-logwarmup-linear")
         for engine in (
             "ddp/torchrun",
             "zero1/deepspeed",
