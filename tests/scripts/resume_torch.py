@@ -6,8 +6,9 @@
 
 With checkpoint.dir and every_steps in the spec, the run saves periodically and a new launch
 resumes from the latest checkpoint by itself. --stop-at ends the run after that step, as a
-job that is stopped would. Rank 0 writes the final full weights to --out (.npz) and every
-rank prints one JSON line (rank, step, the step it resumed from).
+job that is stopped would. --hidden widens the model (the kill tests make saves slow with it).
+Rank 0 writes the final full weights to --out (.npz) and every rank prints one JSON line
+(rank, step, the step it resumed from).
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ from toolkit.report import print_json
 SAMPLES, FEATURES, CLASSES = 256, 8, 4
 
 
-def build_model() -> torch.nn.Sequential:
+def build_model(hidden: int) -> torch.nn.Sequential:
     return torch.nn.Sequential(
-        torch.nn.Linear(FEATURES, 16), torch.nn.Tanh(), torch.nn.Linear(16, CLASSES)
+        torch.nn.Linear(FEATURES, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, CLASSES)
     )
 
 
@@ -44,11 +45,12 @@ def main() -> int:
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--stop-at", type=int, default=0)
     parser.add_argument("--out")
+    parser.add_argument("--hidden", type=int, default=16, help="width (large: slow saves)")
     args = parser.parse_args(argv)
     spec = toolkit.load_spec(args.spec)
     run = toolkit.init(spec)
     torch.manual_seed(spec.seed)
-    run.prepare(build_model())
+    run.prepare(build_model(args.hidden))
     resumed_from = run.step
     for micro_batches in run.steps(run.loader(data()), epochs=1000):
         if run.step >= args.steps:
