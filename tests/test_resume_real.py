@@ -9,8 +9,9 @@ crashed job would, and crosses an epoch boundary (4 steps per epoch).
 
 By default one case (ZeRO-3 on 2 ranks -> DDP on 1: sharded save, consolidated load, another
 engine and world size), three launches, for `make test`'s time; TOOLKIT_RESUME=full adds the
-exact same-engine cases and runs every engine with SGD-momentum and Adam and
-more engine and world-size changes.
+exact same-engine cases (DDP, Horovod, ZeRO-2, ZeRO-3 and the pipeline engine, each with
+SGD-momentum and Adam) and more engine and world-size changes (DDP -> ZeRO-2, DDP -> the
+pipeline engine, the pipeline engine -> Horovod on 1 rank, ...).
 """
 
 from __future__ import annotations
@@ -66,6 +67,12 @@ SETUPS = {
     "horovod1": Setup("horovod", "backend: horovod", (*horovodrun(1), PYTHON), 1),
     "zero2": Setup("deepspeed", "backend: deepspeed\nzero: {stage: 2}", deepspeed(2), 2),
     "zero3": Setup("deepspeed", "backend: deepspeed\nzero: {stage: 3}", deepspeed(2), 2),
+    "pipeline2": Setup(
+        "deepspeed",
+        "backend: deepspeed\npipeline: {stages: 2, partition: parameters}",
+        deepspeed(2),
+        2,
+    ),
 }
 
 
@@ -118,7 +125,9 @@ def assert_resumed(result: RunOutput, saved_by: str, ranks: int) -> None:
     assert f"at step {EVERY}, saved by {saved_by} (torch)" in result.output, result.explain()
 
 
-SAME_ENGINE = [(s, o) for s in ("ddp2", "horovod2", "zero2", "zero3") for o in OPTIMIZERS]
+SAME_ENGINE = [
+    (s, o) for s in ("ddp2", "horovod2", "zero2", "zero3", "pipeline2") for o in OPTIMIZERS
+]
 
 
 @pytest.mark.skipif(not FULL, reason="exact same-engine resume runs with TOOLKIT_RESUME=full")
@@ -138,6 +147,8 @@ ACROSS = (
         ("zero3", "horovod1", "sgd"),
         ("ddp2", "zero2", "adam"),
         ("horovod2", "zero3", "sgd"),
+        ("ddp2", "pipeline2", "adam"),
+        ("pipeline2", "horovod1", "sgd"),
     ]
     if FULL
     else [("zero3", "ddp1", "adam")]
