@@ -302,12 +302,14 @@ def test_not_a_directory_no_checkpoint_and_a_missing_tag_are_refused(tmp_path: P
     assert not (tmp_path / "out").exists()
 
 
-def test_a_tag_directory_itself_is_accepted(tmp_path: Path) -> None:
+def test_a_tag_directory_itself_is_accepted_and_no_target_is_mixed(tmp_path: Path) -> None:
     model = Tied("sgd")
     source = write_zero0(tmp_path / "ds", model.module, model.optimizer)
     (source / "latest").unlink()
     done = ds_import(source / "global_step3", tmp_path / "out")
     assert done.tag == "global_step3" and done.state.step == 3
+    with pytest.raises(ToolkitError, match=r"already holds checkpoints \(latest step-000003"):
+        ds_import(source / "global_step3", tmp_path / "out")
 
 
 def test_pipeline_engine_checkpoints_are_refused(tmp_path: Path) -> None:

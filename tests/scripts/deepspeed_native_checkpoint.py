@@ -25,8 +25,8 @@ import torch
 
 SEED, SAMPLES, FEATURES, CLASSES = 3, 256, 8, 4
 OPTIMIZERS = {
-    "adam": lambda params: torch.optim.Adam(params, lr=0.01),
-    "sgd": lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9),
+    "adam": lambda params: torch.optim.Adam(params, lr=0.01, foreach=False),
+    "sgd": lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9, foreach=False),
 }
 
 

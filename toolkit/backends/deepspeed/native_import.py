@@ -56,7 +56,7 @@ from toolkit.backends.deepspeed.native_files import (
     locate,
 )
 from toolkit.backends.torch_common import portable
-from toolkit.checkpoint import CheckpointState, Origin, optimizer_key, write_checkpoint
+from toolkit.checkpoint import CheckpointState, Origin, latest, optimizer_key, write_checkpoint
 from toolkit.errors import ToolkitError
 
 BACKEND, FRAMEWORK = "deepspeed", "torch"
@@ -79,6 +79,13 @@ def import_checkpoint(
 ) -> Imported:
     """Convert the DeepSpeed checkpoint `source` (its `latest` tag, or `tag`) into `target`."""
     native = locate(source, tag)
+    existing = latest(target)
+    if existing is not None:
+        raise ToolkitError(
+            f"--to {target}: already holds checkpoints (latest {existing.name}); an import "
+            "would mix them with another run's",
+            "import into a new or empty directory",
+        )
     meta = load_trusted_classes(native.model_files[0])
     for path in (*native.model_files[1:], *native.optim_files):
         load_trusted_classes(path)  # every file passes the check before DeepSpeed reads any
