@@ -73,6 +73,9 @@ def main() -> None:
     parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adam")
     args = deepspeed.add_config_arguments(parser).parse_args()
     assert args.local_rank == int(os.environ["LOCAL_RANK"])
+    # DeepSpeed's CPU accelerator JIT-builds a shared-memory allreduce op that training never
+    # uses (inference_all_reduce only): skipped, as toolkit.backends.deepspeed.backend does.
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     torch.manual_seed(SEED)
     model = build_model()
     optimizer = OPTIMIZERS[args.optimizer](model.parameters())
