@@ -1,25 +1,29 @@
 """`toolkit checkpoint import`: a native DeepSpeed checkpoint, as `engine.save_checkpoint` wrote
 it (ZeRO stage 0, 1, 2 or 3), into the portable format, weights and optimizer state.
 
-What it reads, and how (deepspeed 0.19.8; checked on checkpoints written by 2 CPU ranks over
-gloo, see tests/test_checkpoint_import_deepspeed.py):
+What it reads, and how (found in deepspeed 0.19.8 and checked on checkpoints that 2 CPU ranks
+wrote over gloo at ZeRO 0, 1, 2 and 3: tests/test_checkpoint_import_deepspeed.py):
 
 - Every file is first read with `torch.load(weights_only=True)` and an allowlist of DeepSpeed's
-  own checkpoint classes (`native_files`): a file needing anything else is refused. Metadata
-  comes from that read: the stage, `dp_world_size`, `mp_world_size`, `global_steps`,
-  `global_samples`, the optimizer's slot names and step count.
+  own checkpoint classes (`native_files`): a file needing anything else is refused. The
+  model_states files need no class at all; ZeRO-1/2's optim_states files need
+  `fragment_address`, `LossScaler` and `ZeroStageEnum`. Metadata comes from that read: the
+  stage, `dp_world_size`, `mp_world_size`, `global_steps`, `global_samples`, the optimizer's
+  slot names and step count.
 - ZeRO 1-3 weights: `deepspeed.utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint`,
   DeepSpeed's consolidation of the fp32 master partitions (buffers and tied parameters
-  included). It does not read ZeRO-0 checkpoints (no *_optim_states.pt).
+  included); it equals what the engine held, bit for bit. It does not read ZeRO-0 checkpoints
+  (it needs *_optim_states.pt, which ZeRO-0 in fp32 does not write).
 - ZeRO 1-3 optimizer state: `deepspeed.checkpoint.ds_to_universal.main`, the "universal
-  checkpoint" converter, into a temporary directory: per parameter `zero/<name>/fp32.pt`,
-  `exp_avg.pt`, `exp_avg_sq.pt` (stage 1-2 as {"param": tensor, "cat_dim": 0}, stage 3 as a
-  flat tensor) that are read back with weights_only=True. Needs `inject_missing_state` (a
-  checkpoint saved without Megatron's `universal_checkpoint_info` is refused otherwise) and one
-  worker (no process pool). It maps only Adam's `exp_avg` / `exp_avg_sq` (it indexes them by
-  name), so other optimizer state under ZeRO 1-3 (SGD's momentum_buffer) is refused here,
-  naming the slots. It writes a `latest_universal` file beside its output folder (here: inside
-  the temporary directory) and prints progress, which is captured.
+  checkpoint" converter, into a scratch directory: per parameter `zero/<name>/exp_avg.pt` and
+  `exp_avg_sq.pt` (stage 1-2 as {"param": tensor, "cat_dim": 0} in the parameter's shape,
+  stage 3 as a flat tensor), read back with weights_only=True. It works on these CPU-written
+  checkpoints, stage 3 included, given `inject_missing_state` (without it a checkpoint saved
+  without Megatron's `universal_checkpoint_info` fails an assert) and one worker per pass (no
+  process pool). It maps only Adam's `exp_avg` / `exp_avg_sq` (it indexes them by name: SGD's
+  state would be a KeyError), so other optimizer state under ZeRO 1-3 is refused here, naming
+  the slots. It writes a `latest_universal` file beside its output folder (inside the scratch
+  directory here) and prints progress, which is captured and shown only if it fails.
 - ZeRO 0 keeps the whole torch optimizer `state_dict()` in mp_rank_00_model_states.pt, keyed
   by index: index i is the i-th parameter of the module's state_dict order without buffers
   and without the second name of a tied parameter, which is `model.parameters()`'s order, the
@@ -31,9 +35,9 @@ gloo, see tests/test_checkpoint_import_deepspeed.py):
   toolkit's order for the continuation to see the same batches). No RNG state is imported
   (DeepSpeed saves none); the learning-rate schedule is restored by position, as always.
 
-Refused (one ToolkitError each): a directory that is not a DeepSpeed checkpoint, a missing tag,
-the pipeline engine's checkpoints, tensor (mp_world_size > 1) or expert parallelism, fp16/bf16
-at stage 0 (no fp32 master in the file), an optimizer state that cannot be mapped (named).
+Refused, one ToolkitError each: not a DeepSpeed checkpoint, a missing tag, the pipeline engine's
+checkpoints, tensor or expert parallelism, fp16/bf16 at ZeRO-0 (no fp32 master in the file), an
+optimizer state that cannot be mapped (named), a target that already holds checkpoints.
 """
 
 from __future__ import annotations
@@ -50,11 +54,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from toolkit.backends.deepspeed.native_files import (
-    NativeCheckpoint,
-    load_trusted_classes,
-    locate,
-)
+from toolkit.backends.deepspeed.native_files import NativeCheckpoint, load_trusted_classes, locate
 from toolkit.backends.torch_common import portable
 from toolkit.checkpoint import CheckpointState, Origin, latest, optimizer_key, write_checkpoint
 from toolkit.errors import ToolkitError
@@ -113,7 +113,7 @@ def import_checkpoint(
         extras={
             "data": {"epoch": 0, "samples": samples},
             "imported": {
-                "from": str(native.directory),
+                "from": str(native.directory.resolve()),
                 "zero_stage": stage,
                 "ds_version": str(meta.get("ds_version")),
             },
