@@ -40,7 +40,8 @@ _PIPELINE_LAYER = re.compile(r"layer_\d+-model_.*model_states\.pt")
 _EXPERT = re.compile(r".*_expert_.*model_states\.pt")
 TRUSTED_CLASSES: list[Any] = [fragment_address, ZeroStageEnum, LossScaler, DynamicLossScaler]
 """What DeepSpeed pickles beside tensors and builtins: ZeRO-1/2's `param_slice_mappings`
-(fragment_address), the stage (ZeroStageEnum) and the loss scaler object."""
+(fragment_address), the stage (ZeroStageEnum) and the loss scaler object (LossScaler in fp32
+and bf16; DynamicLossScaler under fp16's dynamic scaling, which a CPU cannot run to check)."""
 _TRUST_HINT = "import only checkpoints you trust: DeepSpeed's files are pickles"
 
 

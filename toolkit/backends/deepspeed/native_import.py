@@ -7,9 +7,9 @@ wrote over gloo at ZeRO 0, 1, 2 and 3: tests/test_checkpoint_import_deepspeed.py
 - Every file is first read with `torch.load(weights_only=True)` and an allowlist of DeepSpeed's
   own checkpoint classes (`native_files`): a file needing anything else is refused. The
   model_states files need no class at all; ZeRO-1/2's optim_states files need
-  `fragment_address`, `LossScaler` and `ZeroStageEnum`. Metadata comes from that read: the
-  stage, `dp_world_size`, `mp_world_size`, `global_steps`, `global_samples`, the optimizer's
-  slot names and step count.
+  `fragment_address`, `LossScaler` and `ZeroStageEnum`, ZeRO-3's the last two. Metadata comes
+  from that read: the stage, `dp_world_size`, `mp_world_size`, `global_steps`,
+  `global_samples`, the optimizer's slot names and step count.
 - ZeRO 1-3 weights: `deepspeed.utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint`,
   DeepSpeed's consolidation of the fp32 master partitions (buffers and tied parameters
   included); it equals what the engine held, bit for bit. It does not read ZeRO-0 checkpoints
