@@ -1,4 +1,5 @@
-"""`toolkit checkpoint inspect|export`: look into a checkpoint, take the weights out of it.
+"""`toolkit checkpoint inspect|export|import`: look into a checkpoint, take the weights out of
+it, bring a native DeepSpeed checkpoint in.
 
 toolkit checkpoint inspect DIR [--json] [--verify]
     engine, step, world size and what is inside (tensors, parameters, bytes, dtypes per
@@ -7,6 +8,11 @@ toolkit checkpoint inspect DIR [--json] [--verify]
 toolkit checkpoint export DIR --to safetensors|torch --out FILE
     the consolidated model weights for inference: a safetensors file `from_pretrained`
     reads as model.safetensors, or a torch.save'd dict of tensors
+toolkit checkpoint import DS_DIR --to OUT_DIR [--tag TAG]
+    a directory written by DeepSpeed's engine.save_checkpoint (ZeRO 0-3), its `latest` tag or
+    TAG, as OUT_DIR/step-N with fp32 weights and optimizer state, so that a toolkit run with
+    checkpoint.dir: OUT_DIR resumes from it under any torch engine. DeepSpeed's files are
+    pickles: import only checkpoints you trust (toolkit.backends.deepspeed.native_import).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from typing import Any
 
 from toolkit.checkpoint import SECTIONS, open_checkpoint
 from toolkit.checkpoint.export import EXPORT_FORMATS, SaveTorch, export_weights, summary
+from toolkit.errors import ToolkitError
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -79,8 +86,28 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _import(args: argparse.Namespace) -> int:
+    try:
+        from toolkit.backends.deepspeed.native_import import import_checkpoint
+    except ImportError as error:
+        raise ToolkitError(
+            f"checkpoint import needs DeepSpeed and PyTorch, which do not import ({error})",
+            "pip install 'toolkit[deepspeed]'",
+        ) from None
+    done = import_checkpoint(args.dir, args.to, tag=args.tag)
+    state = done.state
+    print(
+        f"imported DeepSpeed ZeRO-{done.stage} checkpoint {done.tag} ({done.world_size} ranks, "
+        f"step {state.step}): {len(state.model)} weights, {len(state.optimizer)} optimizer "
+        f"tensors -> {done.path}"
+    )
+    return 0
+
+
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("checkpoint", help="inspect checkpoints, export weights")
+    parser = subparsers.add_parser(
+        "checkpoint", help="inspect checkpoints, export weights, import DeepSpeed's"
+    )
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     inspect = actions.add_parser("inspect", help="what a checkpoint holds")
     inspect.add_argument("dir", help="checkpoint directory, or one step-N directory in it")
@@ -92,3 +119,17 @@ def register(subparsers: Any) -> None:
     export.add_argument("--to", required=True, choices=EXPORT_FORMATS, help="file format")
     export.add_argument("--out", required=True, metavar="FILE", help="file to write")
     export.set_defaults(func=_export)
+    native = actions.add_parser(
+        "import",
+        help="convert a native DeepSpeed checkpoint (engine.save_checkpoint, ZeRO 0-3)",
+        description="Convert a directory written by DeepSpeed's engine.save_checkpoint (ZeRO "
+        "stage 0-3; not the pipeline engine) into the portable format: fp32 weights and Adam, "
+        "AdamW or (ZeRO-0) SGD optimizer state, so that checkpoint.dir: OUT_DIR resumes from "
+        "it. DeepSpeed's files are pickles: every file is first read with weights_only=True "
+        "and DeepSpeed's classes only, but DeepSpeed's converters then load them fully, so "
+        "import only checkpoints you trust.",
+    )
+    native.add_argument("dir", metavar="DS_DIR", help="save_dir of save_checkpoint, or a tag in it")
+    native.add_argument("--to", required=True, metavar="OUT_DIR", help="checkpoint dir to write")
+    native.add_argument("--tag", help="the tag to import (default: the one DS_DIR/latest names)")
+    native.set_defaults(func=_import)
