@@ -105,6 +105,17 @@ fi
 "$VENV/bin/python" -c "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()" \
   >"$LOG_DIR/cpu-adam-build.log" 2>&1 \
   || { tail -n 20 "$LOG_DIR/cpu-adam-build.log" >&2; die "building DeepSpeed's CPU Adam op failed"; }
+# A plain deepspeed.initialize on the CPU accelerator also builds its shared-memory collective
+# op at start (about a minute here). The toolkit's backend skips it (it serves inference only),
+# but scripts taken as they are build it: built here too, so their first run does not.
+echo "DeepSpeed's CPU shared-memory op (plain DeepSpeed scripts): log in $LOG_DIR/shm-comm-build.log"
+"$VENV/bin/python" -c "
+from deepspeed.accelerator import get_accelerator
+builder = get_accelerator().create_op_builder('ShareMemCommBuilder')
+if builder is not None:
+    builder.load()
+" >"$LOG_DIR/shm-comm-build.log" 2>&1 \
+  || { tail -n 20 "$LOG_DIR/shm-comm-build.log" >&2; die "building DeepSpeed's shared-memory op failed"; }
 
 step "6/7 Horovod $HOROVOD_VERSION (PyTorch, TensorFlow, Gloo, MPI)"
 # shellcheck source=scripts/build_horovod.sh
