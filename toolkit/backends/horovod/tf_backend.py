@@ -9,6 +9,9 @@ Accumulation: Horovod's own (`backward_passes_per_step`) exists only in its Kera
 wrapper, which is the part Keras 3 breaks. So a step's micro-batch gradients are summed locally
 in one compiled function and reduced once with `hvd.grouped_allreduce`, the call
 DistributedGradientTape makes itself, with the spec's op and compression.
+
+Checkpoints hold the whole training state and resume exactly (toolkit.backends.tf.state,
+shared with tf.distribute, whose checkpoints this backend continues and the other way round).
 """
 
 from __future__ import annotations

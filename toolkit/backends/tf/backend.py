@@ -14,6 +14,9 @@ Keras clipped / n: dividing by a power of two and summing n equal copies is exac
 
 Micro-batches of any structure are stacked leaf by leaf ([micro-batches, samples, ...]) and,
 under MirroredStrategy, each leaf is split along the samples axis between the replicas.
+
+Checkpoints hold the whole training state and resume exactly (toolkit.backends.tf.state,
+shared with Horovod for TF, whose checkpoints this backend continues and the other way round).
 """
 
 from __future__ import annotations
