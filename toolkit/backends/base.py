@@ -162,8 +162,9 @@ class Backend(ABC):
     def capture_state(self) -> StateShare:
         """This rank's share of the whole training state (collective: every rank calls it).
 
-        Engines that can resume override this and `restore_state`; the default saves the
-        consolidated weights only, so that `run.save` works on every engine.
+        Every engine here overrides this and `restore_state`; the defaults are what a new
+        engine gets before it does: `run.save` writes the consolidated weights only, and
+        resuming is refused.
         """
         weights = self.full_state_dict()
         return StateShare(model=weights if self.env.rank == 0 else {})
@@ -174,7 +175,7 @@ class Backend(ABC):
         raise ToolkitError(
             f"resuming from a checkpoint is not implemented for backend {self.spec.backend} "
             f"({self.spec.framework_name}) yet",
-            "set checkpoint.resume: never, or resume under a torch engine; the weights are "
+            "set checkpoint.resume: never, or resume under another engine; the weights are "
             "in the checkpoint (toolkit checkpoint export)",
         )
 

@@ -9,6 +9,9 @@ Accumulation: Horovod's own (`backward_passes_per_step`) exists only in its Kera
 wrapper, which is the part Keras 3 breaks. So a step's micro-batch gradients are summed locally
 in one compiled function and reduced once with `hvd.grouped_allreduce`, the call
 DistributedGradientTape makes itself, with the spec's op and compression.
+
+Checkpoints hold the whole training state and resume exactly (toolkit.backends.tf.state,
+shared with tf.distribute, whose checkpoints this backend continues and the other way round).
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ from typing import Any
 import horovod.tensorflow as hvd
 import numpy as np
 
-from toolkit.backends.base import Backend, Loader, LossFn, MetricFn, MicroBatch
+from toolkit.backends.base import Backend, Loader, LossFn, MetricFn, MicroBatch, StateShare
 from toolkit.backends.horovod.settings import check_world_size, export_environment
-from toolkit.backends.tf import batches, common
+from toolkit.backends.tf import batches, common, state
 from toolkit.backends.tf.data import make_tf_loader
+from toolkit.checkpoint import CheckpointState
 from toolkit.render import horovod as render_horovod
 from toolkit.sharding import LoaderPlan
 
@@ -96,6 +100,15 @@ class HorovodTFBackend(Backend):
 
     def full_state_dict(self) -> dict[str, np.ndarray]:
         return common.numpy_state(self.model)
+
+    def capture_state(self) -> StateShare:
+        """Weights, optimizer slots and step from rank 0 (every rank holds the same), seed
+        generators from every rank (toolkit.backends.tf.state)."""
+        return state.capture(self.model, self.optimizer, rank=self.env.rank)
+
+    def restore_state(self, checkpoint: CheckpointState) -> None:
+        """Every rank reads the whole checkpoint, so no broadcast is needed after it."""
+        state.restore(self.model, self.optimizer, checkpoint, rank=self.env.rank)
 
     def allreduce(self, value: Any, op: str = "mean") -> Any:
         return hvd.allreduce(tf.constant(value), op=hvd.Average if op == "mean" else hvd.Sum)

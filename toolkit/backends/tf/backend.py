@@ -14,6 +14,9 @@ Keras clipped / n: dividing by a power of two and summing n equal copies is exac
 
 Micro-batches of any structure are stacked leaf by leaf ([micro-batches, samples, ...]) and,
 under MirroredStrategy, each leaf is split along the samples axis between the replicas.
+
+Checkpoints hold the whole training state and resume exactly (toolkit.backends.tf.state,
+shared with Horovod for TF, whose checkpoints this backend continues and the other way round).
 """
 
 from __future__ import annotations
@@ -27,9 +30,10 @@ from typing import Any
 
 import numpy as np
 
-from toolkit.backends.base import Backend, Loader, LossFn, MetricFn, MicroBatch
-from toolkit.backends.tf import batches, common
+from toolkit.backends.base import Backend, Loader, LossFn, MetricFn, MicroBatch, StateShare
+from toolkit.backends.tf import batches, common, state
 from toolkit.backends.tf.data import make_tf_loader
+from toolkit.checkpoint import CheckpointState
 from toolkit.engines import MPI_ENVIRONMENTS
 from toolkit.errors import ToolkitError
 from toolkit.render import tf as render_tf
@@ -184,6 +188,15 @@ class TFBackend(Backend):
 
     def full_state_dict(self) -> dict[str, np.ndarray]:
         return common.numpy_state(self.model)
+
+    def capture_state(self) -> StateShare:
+        """Weights, optimizer slots and step from rank 0 (replicas are identical), seed
+        generators from every rank (toolkit.backends.tf.state)."""
+        return state.capture(self.model, self.optimizer, rank=self.env.rank)
+
+    def restore_state(self, checkpoint: CheckpointState) -> None:
+        with self.strategy.scope():
+            state.restore(self.model, self.optimizer, checkpoint, rank=self.env.rank)
 
     def allreduce(self, value: Any, op: str = "mean") -> Any:
         """Over processes (workers); MirroredStrategy's replicas inside one process are one."""
