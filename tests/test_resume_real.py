@@ -82,6 +82,7 @@ ACROSS = (
         ("zero3", "ddp1", "adam"),
         ("zero3", "horovod1", "sgd"),
         ("ddp2", "zero2", "adam"),
+        ("horovod2", "zero2", "adam"),
         ("horovod2", "zero3", "sgd"),
         ("ddp2", "pipeline2", "adam"),
         ("pipeline2", "horovod1", "sgd"),
