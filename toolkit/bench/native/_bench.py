@@ -123,6 +123,11 @@ def write(
         "pid": os.getpid(),
         "settings": {"threads": args.threads, **settings},
     }
-    path = Path(args.out)
+    write_record(args.out, record)
+
+
+def write_record(out: str, record: Any) -> None:
+    """A rank's measurements as JSON at `out` (its folder created), for the parent to read."""
+    path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record))

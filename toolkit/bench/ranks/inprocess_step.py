@@ -91,8 +91,7 @@ def main() -> int:
             "cpu_s": {name: clock.cpu for name, clock in clocks.items()},
             "world": run.world_size,
         }
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(record))
+        _bench.write_record(args.out, record)
     run.shutdown()
     return 0
 

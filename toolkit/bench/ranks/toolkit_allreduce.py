@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 import toolkit
+from toolkit.bench.native import _bench
 from toolkit.bench.ranks import raw_paths
 from toolkit.spec import TrainSpec
 
@@ -80,8 +81,7 @@ def main() -> int:
         del operations
     if run.is_main:
         record = {"world": run.world_size, "seconds": seconds, "paths": names}
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(record))
+        _bench.write_record(args.out, record)
     run.shutdown()
     return 0
 

@@ -91,8 +91,7 @@ def main() -> int:
             "world": run.world_size,
             "settings": {"threads": spec.launch.threads_per_rank, "patches": args.patch},
         }
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(record))
+        _bench.write_record(args.out, record)
     run.shutdown()
     return 0
 
