@@ -39,7 +39,9 @@ TF_ENGINES = ["tf_multiworker", "horovod_tf", "tf_mirrored"] if FULL else ["tf_m
 TORCH_SCRIPT = str(ROOT / "tests" / "scripts" / "structured_torch.py")
 TF_SCRIPT = str(ROOT / "tests" / "scripts" / "structured_tf.py")
 TOLERANCE = 1e-5
+# step_loss global: the per-step losses are compared with the one-process reference's.
 COMMON = """seed: 7
+step_loss: global
 batch: {global: 16, micro: 4}
 optimizer: {name: adamw, lr: 0.01, betas: [0.9, 0.999], eps: 1.0e-8, weight_decay: 0.01}
 """

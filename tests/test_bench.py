@@ -71,14 +71,14 @@ def test_workload_counts_the_issues_mlp() -> None:
 def test_variants_put_native_first_and_add_what_is_asked() -> None:
     labels = [
         v.label
-        for v in variants_for(vs_defaults=True, patches=["local-loss"], candidates=["--host-copy"])
+        for v in variants_for(vs_defaults=True, patches=["global-loss"], candidates=["--host-copy"])
     ]
     assert labels == [
         "native",
         "toolkit",
         "native-again",
         "defaults",
-        "toolkit+local-loss",
+        "toolkit+global-loss",
         "native+host-copy",
     ]
 

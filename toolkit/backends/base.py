@@ -16,8 +16,9 @@ Conventions shared by every backend:
 - The gradient of a step is the mean over the step's micro-batches and the data-parallel ranks
   (each engine's averaging, made explicit), which equals the gradient of one batch of the
   global size when every micro-batch's loss is a mean over equally weighted samples.
-- `train_step` returns the mean loss over the whole global batch (all ranks), as a float, so
-  that per-step losses can be compared across engines.
+- `train_step` returns the mean loss as a float: over this process's micro-batches, as the
+  engines' own steps do, or with `step_loss: global` over the whole global batch (one all-reduce
+  per step), so that per-step losses compare across engines (`reported_loss`).
 - `eval_sums` runs the model without gradients over micro-batches and returns this process's
   share of each metric as a sum; `sum_over_ranks` adds the shares of every rank. Metrics are
   sums and counts, never means, so that no mean of means weighs ranks or batches wrongly.
@@ -113,6 +114,14 @@ class Backend(ABC):
     @abstractmethod
     def train_step(self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn | None) -> float:
         """Forward, backward and accumulate every micro-batch, then one optimizer step."""
+
+    def reported_loss(self, local: Any) -> float:
+        """What train_step returns, from this process's mean loss (spec.step_loss): as it is, or
+        averaged over the ranks. The all-reduce blocks until every rank has finished its step,
+        which the local loss never waits for (about 3% of a DDP step on the bench's MLP)."""
+        if self.spec.step_loss == "global":
+            return float(self.allreduce(local))
+        return float(local)
 
     @abstractmethod
     def eval_sums(

@@ -15,7 +15,7 @@ from toolkit.bench.cases import StepCase
 from toolkit.bench.step import CaseResult, StepBench, Variant, case_spec
 
 RANK_PROGRAM = str(Path(__file__).parent / "ranks" / "inprocess_step.py")
-DEFAULT_PATCHES = ("local-loss",)
+DEFAULT_PATCHES = ("global-loss",)
 
 
 class InProcessBench(StepBench):

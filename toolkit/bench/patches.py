@@ -6,13 +6,9 @@ enters it for the whole launch, `--in-process` around the steps of its own varia
 step compiled inside the block keeps the change after it (a compiled function is traced once):
 the in-process bench gives each variant a loss function of its own, so each is compiled apart.
 
-- `local-loss`: `train_step` returns this rank's loss without the allreduce that makes it the
-  global mean (torch backends: `backend.allreduce` becomes the identity; Horovod TF: the
-  `hvd.allreduce` of the loss inside the compiled step). Changes what the step returns, not the
-  weights.
-- `single-micro-batch`: the TF engines' compiled step, when a step has one micro-batch, takes
-  the gradient directly instead of adding it to a zero-filled accumulator and dividing by 1
-  (exact: 0 + g and g / 1 are g).
+- `global-loss`: `train_step` returns the mean loss over every rank (`step_loss: global`, one
+  all-reduce per step) instead of this rank's: what asking for it costs. Changes what the step
+  returns, not the weights.
 - `per-tensor-allreduce`: Horovod TF reduces each gradient with its own `hvd.allreduce` (as
   `DistributedGradientTape` does, Horovod fusing them) instead of one `grouped_allreduce`, which
   waits for the last gradient before any is sent.
@@ -26,7 +22,6 @@ from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Any
 
 HOROVOD_TF = "toolkit.backends.horovod.tf_backend"
-TF_COMMON = "toolkit.backends.tf.common"
 
 
 class _ModuleProxy:
@@ -56,34 +51,13 @@ def _replaced(module_name: str, attribute: str, make: Callable[[Any], Any]) -> I
 
 
 @contextmanager
-def local_loss(run: Any) -> Iterator[None]:
-    run.backend.allreduce = lambda value, op="mean": value
+def global_loss(run: Any) -> Iterator[None]:
+    spec = run.backend.spec
+    run.backend.spec = spec.model_copy(update={"step_loss": "global"})
     try:
-        with _replaced(HOROVOD_TF, "hvd", lambda hvd: _ModuleProxy(hvd, allreduce=_identity)):
-            yield
+        yield
     finally:
-        del run.backend.allreduce  # the instance attribute: the class's method shows again
-
-
-def _identity(value: Any, *args: Any, **kwargs: Any) -> Any:
-    return value
-
-
-def single_micro_batch(run: Any) -> AbstractContextManager[None]:
-    def make(accumulated: Any) -> Any:
-        common = sys.modules[TF_COMMON]
-        tf = common.tf
-
-        def direct(model: Any, loss_fn: Any, inputs: Any, targets: Any, sources: Any) -> Any:
-            if inputs.shape[0] != 1:
-                return accumulated(model, loss_fn, inputs, targets, sources)
-            with tf.GradientTape() as tape:
-                loss = common.mean_loss(loss_fn(model(inputs[0], training=True), targets[0]))
-            return tape.gradient(loss, sources), loss
-
-        return direct
-
-    return _replaced(TF_COMMON, "accumulated_gradients", make)
+        run.backend.spec = spec
 
 
 def per_tensor_allreduce(run: Any) -> AbstractContextManager[None]:
@@ -97,8 +71,7 @@ def per_tensor_allreduce(run: Any) -> AbstractContextManager[None]:
 
 
 PATCHES: dict[str, Callable[[Any], AbstractContextManager[None]]] = {
-    "local-loss": local_loss,
-    "single-micro-batch": single_micro_batch,
+    "global-loss": global_loss,
     "per-tensor-allreduce": per_tensor_allreduce,
 }
 

@@ -30,7 +30,8 @@ from toolkit import engines
 
 TOLERANCE = {"fp32": 1e-5, "bf16": 2e-2}
 STEPS = 20
-BASE: dict[str, Any] = {"seed": 11, "batch": {"global": 32}}
+# step_loss global: the per-step losses are compared with the one-process reference's.
+BASE: dict[str, Any] = {"seed": 11, "batch": {"global": 32}, "step_loss": "global"}
 
 ADAMW_PLAIN: dict[str, Any] = {
     "optimizer": {

@@ -167,7 +167,8 @@ class Run:
     def train_step(
         self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn | None = None
     ) -> float:
-        """One optimizer step over this process's micro-batches; the global mean loss.
+        """One optimizer step over this process's micro-batches; their mean loss, or with
+        `step_loss: global` in the spec the mean over every rank's (one all-reduce per step).
 
         With `loss_fn`, each micro-batch is (inputs, targets) and the loss is
         loss_fn(model(inputs), targets); without one, the model gets the whole micro-batch (a
@@ -176,11 +177,16 @@ class Run:
         """
         loss = self.backend.train_step(micro_batches, loss_fn)
         self.step += 1
-        self._show(loss=f"{loss:.4g}")
+        self._show(**{self._loss_label: f"{loss:.4g}"})
         every = self.spec.checkpoint.every_steps
         if every and self.step % every == 0:
             self.save()
         return loss
+
+    @property
+    def _loss_label(self) -> str:
+        """The bar names whose loss it shows: rank 0's own unless the spec asks for the mean."""
+        return "loss" if self.spec.step_loss == "global" else "rank0_loss"
 
     def evaluate(
         self,

@@ -42,6 +42,7 @@ from toolkit.spec.translate import issues_from
 
 LrScaling = Literal["none", "linear"]
 Precision = Literal["fp32", "fp16", "bf16"]
+StepLoss = Literal["local", "global"]
 
 
 class TrainSpec(Section):
@@ -110,6 +111,14 @@ class TrainSpec(Section):
     )
     log_every_steps: int = Field(
         default=100, ge=1, description="Progress lines every N steps (DeepSpeed's steps_per_print)."
+    )
+    step_loss: StepLoss = Field(
+        default="local",
+        description="What run.train_step returns: local = the mean loss over this process's "
+        "micro-batches, with no communication (what each engine's own step returns); global = "
+        "the mean over the whole global batch, one all-reduce per step, so that per-step losses "
+        "compare across engines and world sizes. The pipeline engine's step returns the global "
+        "mean either way (DeepSpeed's train_batch reduces it).",
     )
 
     @classmethod

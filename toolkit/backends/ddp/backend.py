@@ -67,7 +67,7 @@ class DDPBackend(common.TorchCollectives, TorchData, Backend):
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             total += loss.detach().double()
         self._step()
-        return float(self.allreduce(total / count))
+        return self.reported_loss(total / count)
 
     def _step(self) -> None:
         if self.scaler:

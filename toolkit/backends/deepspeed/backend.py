@@ -144,15 +144,16 @@ class DeepSpeedBackend(common.TorchCollectives, TorchData, Backend):
             stages = self.spec.pipeline.stages
             self.engine.module.loss_fn = pipeline.require_loss_fn(loss_fn, stages)
             data = [pipeline.pipeline_batch(b, stages, self.input_dtype) for b in micro_batches]
-            loss = self.engine.train_batch(data_iter=iter(data))
-            return float(self.allreduce(loss.detach().double()))
+            # Already the global mean on every stage: train_batch reduces it over the
+            # data-parallel ranks and broadcasts it from the last stage.
+            return float(self.engine.train_batch(data_iter=iter(data)))
         total = torch.zeros((), dtype=torch.float64)
         for batch in micro_batches:
             loss = batches.micro_batch_loss(self.engine, batch, loss_fn, self.input_dtype)
             self.engine.backward(loss)
             self.engine.step()
             total += loss.detach().double()
-        return float(self.allreduce(total / len(micro_batches)))
+        return self.reported_loss(total / len(micro_batches))
 
     def eval_sums(
         self, micro_batches: Sequence[MicroBatch], metric_fn: MetricFn, *, pairs: bool

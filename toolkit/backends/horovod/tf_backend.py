@@ -63,6 +63,7 @@ class HorovodTFBackend(Backend):
         options = render_horovod.optimizer_options(self.spec, self.env.world_size)
         op, compression = OPS[options["op"]], COMPRESSION[options["compression"]]
         clip = self.spec.clip_grad_norm
+        global_loss = self.spec.step_loss == "global"  # reduced inside the compiled step
 
         @tf.function
         def step(batch: Any) -> Any:
@@ -73,7 +74,7 @@ class HorovodTFBackend(Backend):
             if clip > 0:
                 grads = common.clip_like_torch(grads, clip)
             optimizer.apply_gradients(zip(grads, keras_variables, strict=True))
-            return hvd.allreduce(loss, op=hvd.Average)
+            return hvd.allreduce(loss, op=hvd.Average) if global_loss else loss
 
         return step
 

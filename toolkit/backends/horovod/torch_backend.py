@@ -98,7 +98,7 @@ class HorovodTorchBackend(TorchData, Backend):
             self.optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()
-        return float(self.allreduce(total / count))
+        return self.reported_loss(total / count)
 
     def eval_sums(
         self, micro_batches: Sequence[MicroBatch], metric_fn: MetricFn, *, pairs: bool

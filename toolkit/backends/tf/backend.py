@@ -131,6 +131,7 @@ class TFBackend(Backend):
     def _build_step(self, loss_fn: LossFn | None) -> Callable[..., Any]:
         strategy, model, optimizer = self.strategy, self.model, self.optimizer
         clip = self.spec.clip_grad_norm
+        global_loss = self.spec.step_loss == "global"  # reduced inside the compiled step
 
         def replica_step(batch: Any) -> Any:
             variables = model.trainable_variables
@@ -148,7 +149,10 @@ class TFBackend(Backend):
         @tf.function
         def step(batch: Any) -> Any:
             per_replica = strategy.run(replica_step, args=(batch,))
-            return strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None)
+            if global_loss:
+                return strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None)
+            # This process's replicas only: MultiWorker's reduce is a collective across workers.
+            return tf.reduce_mean(tf.stack(strategy.experimental_local_results(per_replica)))
 
         return step
 

@@ -135,16 +135,25 @@ def accumulated_gradients(
     """Inside a compiled step: the mean gradient w.r.t. `sources` and the mean loss over the
     step's micro-batches (the leading axis of every leaf of `batch`, see
     `toolkit.backends.tf.batches.stack_micro_batches`), one backward each, unrolled.
+
+    The first micro-batch's gradient starts the sum rather than zeros: 0 + g is g exactly, so
+    the result is the same bit for bit, without filling and adding a zero buffer the size of the
+    model every step; a step of one micro-batch is not divided by 1 either.
     """
-    grads = [tf.zeros_like(source) for source in sources]
+    grads: list[Any] = []
     losses = []
     count = tf.nest.flatten(batch)[0].shape[0]
     for micro in range(count):
         piece = tf.nest.map_structure(lambda leaf, micro=micro: leaf[micro], batch)
         with tf.GradientTape() as tape:
             loss = mean_loss(micro_batch_loss(model, piece, loss_fn))
-        grads = [a + g for a, g in zip(grads, tape.gradient(loss, sources), strict=True)]
+        # Dense, as adding them made them before: an Embedding's IndexedSlices would otherwise
+        # reach Horovod's allreduce, which gathers sparse gradients instead of reducing them.
+        found = [tf.convert_to_tensor(g) for g in tape.gradient(loss, sources)]
+        grads = found if not grads else [a + g for a, g in zip(grads, found, strict=True)]
         losses.append(loss)
+    if count == 1:
+        return grads, losses[0]
     return [g / float(count) for g in grads], tf.add_n(losses) / float(count)
 
 
