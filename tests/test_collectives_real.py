@@ -1,18 +1,24 @@
-"""run.allreduce, run.broadcast and run.barrier under each engine, both frameworks, 2 ranks."""
+"""run.allreduce, run.broadcast and run.barrier under each engine, both frameworks, 2 ranks; and
+what run.train_step returns under step_loss local (each rank its own) and global (the mean)."""
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
+from typing import Any
 
-from tests.realrun import BIN, PYTHON, ROOT, mpirun, run, spec
+import pytest
+import yaml
+
+from tests.realrun import BIN, PYTHON, ROOT, RunOutput, mpirun, run, spec
 
 pytestmark = pytest.mark.multiproc
 
 SCRIPT = str(ROOT / "tests" / "scripts" / "collectives.py")
 HOROVODRUN = [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", PYTHON]
+TORCHRUN = [str(BIN / "torchrun"), "--nproc_per_node", "2", SCRIPT]
 
 CELLS = {
-    "ddp-torchrun": [str(BIN / "torchrun"), "--nproc_per_node", "2", SCRIPT, spec("ddp")],
+    "ddp-torchrun": [*TORCHRUN, spec("ddp")],
     "horovod_torch-horovodrun": [*HOROVODRUN, SCRIPT, spec("horovod")],
     "deepspeed-deepspeed": [str(BIN / "deepspeed"), "--num_gpus", "2", SCRIPT, spec("zero3")],
     "tf_multiworker-mpirun": [*mpirun(), PYTHON, SCRIPT, spec("tf_multiworker")],
@@ -20,12 +26,30 @@ CELLS = {
 }
 
 
-@pytest.mark.parametrize("cell", list(CELLS))
-def test_collectives_agree_on_every_rank(cell: str) -> None:
-    result = run(CELLS[cell], timeout=240)
+def rank_reports(result: RunOutput) -> list[dict[str, Any]]:
     assert result.returncode == 0, result.explain()
     reports = sorted((r for r in result.reports if "broadcast" in r), key=lambda r: r["rank"])
     assert [r["rank"] for r in reports] == [0, 1], result.explain()
+    return reports
+
+
+@pytest.mark.parametrize("cell", list(CELLS))
+def test_collectives_agree_on_every_rank(cell: str) -> None:
+    reports = rank_reports(run(CELLS[cell], timeout=240))
     for report in reports:
         assert report["sum"] == 3.0 and report["mean"] == 1.5, report
         assert report["broadcast"] == 17.0, report
+    # step_loss local (the default): each rank's own loss, not a mean that would be equal
+    assert [r["step_loss"] for r in reports] == ["local", "local"]
+    assert reports[0]["loss"] != reports[1]["loss"], reports
+
+
+def test_global_step_loss_is_the_mean_of_the_local_ones(tmp_path: Path) -> None:
+    local = rank_reports(run(CELLS["ddp-torchrun"], timeout=240))
+    data = yaml.safe_load(Path(spec("ddp")).read_text())
+    global_spec = tmp_path / "ddp_global.yaml"
+    global_spec.write_text(yaml.safe_dump({**data, "step_loss": "global"}))
+    reports = rank_reports(run([*TORCHRUN, str(global_spec)], timeout=240))
+    expected = (local[0]["loss"] + local[1]["loss"]) / 2
+    for report in reports:
+        assert report["loss"] == pytest.approx(expected, rel=1e-12), (local, reports)

@@ -13,6 +13,7 @@ import pytest
 from toolkit.backends.base import Backend, add_metrics
 from toolkit.errors import ToolkitError
 from toolkit.runtime.evaluation import Metrics, micro_batch_groups, own_loss_metrics
+from toolkit.spec import TrainSpec
 
 
 def test_means_are_read_from_sums() -> None:
@@ -86,3 +87,25 @@ def test_sums_over_ranks_and_a_name_mismatch_is_an_error() -> None:
     }
     with pytest.raises(ToolkitError, match="ranks reported different metric names"):
         backend.sum_over_ranks({"count": 1.0})
+
+
+class TwoRanks(Backend):
+    """Two ranks whose other one reports `other` (pure logic: the mean is computed here)."""
+
+    def __init__(self, step_loss: str, other: float) -> None:
+        self.spec = TrainSpec.from_dict({"step_loss": step_loss})
+        self.other = other
+        self.reductions = 0
+
+    def allreduce(self, value: Any, op: str = "mean") -> Any:
+        self.reductions += 1
+        return (value + self.other) / 2
+
+    setup = prepare = train_step = eval_sums = full_state_dict = broadcast = barrier = None  # type: ignore[assignment]
+
+
+def test_step_loss_local_is_this_ranks_without_a_collective_and_global_is_the_mean() -> None:
+    local = TwoRanks("local", other=3.0)
+    assert local.reported_loss(1.0) == 1.0 and local.reductions == 0
+    shared = TwoRanks("global", other=3.0)
+    assert shared.reported_loss(1.0) == 2.0 and shared.reductions == 1

@@ -157,6 +157,14 @@ def test_communication_and_bubble_formulas() -> None:
     assert comm.bubble(4, 8) == pytest.approx(3 / 11)
 
 
+@pytest.mark.parametrize("view", [True, False])
+def test_ddp_buckets_are_a_second_gradient_copy_unless_views(view: bool) -> None:
+    spec = TrainSpec.from_dict({"backend": "ddp", "ddp": {"gradient_as_bucket_view": view}})
+    (row,) = [r for r in plan_rows(spec, from_params(1000), 2) if r.name == "ddp+torch"]
+    assert row.memory.device["gradients"] == 4000
+    assert row.memory.device["buffers"] == (0 if view else 4000)
+
+
 def test_pipeline_split_balances_parameters() -> None:
     assert stage_split((10, 0, 10, 0, 10, 0, 10), 2) == [2]
     assert stage_split((1, 1, 1, 1), 4) == [0, 1, 2]

@@ -1,9 +1,14 @@
-"""Each rank reports what run.allreduce, run.broadcast and run.barrier gave it (2 ranks)."""
+"""Each rank reports what run.allreduce, run.broadcast and run.barrier gave it (2 ranks), and
+the loss run.train_step returned for one step of a one-layer model on data of its own (every
+input 1.0 on rank 0, 2.0 on rank 1), under the spec's step_loss."""
 
 from __future__ import annotations
 
 import json
 import sys
+from typing import Any
+
+import numpy as np
 
 import toolkit
 from toolkit.launch.environment import split_local_rank_arg
@@ -17,15 +22,45 @@ def main() -> int:
     mean = run.allreduce([mine])
     from_rank_1 = run.broadcast([10.0 * run.rank + 7.0], root=1)
     run.barrier()
+    loss = run.train_step(own_micro_batches(run), prepare_one_layer_model(run))
     report = {
         "rank": run.rank,
         "sum": float(total[0]),
         "mean": float(mean[0]),
         "broadcast": float(from_rank_1[0]),
+        "step_loss": run.spec.step_loss,
+        "loss": loss,
     }
     print(json.dumps(report), flush=True)
     run.shutdown()
     return 0
+
+
+def own_micro_batches(run: Any) -> list[tuple[np.ndarray, np.ndarray]]:
+    layout = run.layout()
+    x = np.full((layout.micro, 4), run.rank + 1.0, dtype=np.float32)
+    y = np.zeros(layout.micro, dtype=np.int64)
+    return [(x, y)] * layout.accumulation
+
+
+def prepare_one_layer_model(run: Any) -> Any:
+    """Prepares a 4 -> 2 linear layer in the spec's framework; returns its loss function."""
+    if run.spec.framework_name == "torch":
+        import torch
+
+        torch.manual_seed(0)
+        run.prepare(torch.nn.Linear(4, 2))
+        return torch.nn.functional.cross_entropy
+    import keras
+
+    with run.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    run.prepare(model)
+
+    def loss_fn(logits: Any, labels: Any) -> Any:
+        return keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+
+    return loss_fn
 
 
 if __name__ == "__main__":

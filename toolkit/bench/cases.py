@@ -51,6 +51,11 @@ def _pipeline(spec: TrainSpec) -> list[str]:
     return ["--pipeline-stages", str(spec.pipeline.stages)]
 
 
+def _ddp_matched(spec: TrainSpec, workdir: Path) -> list[str]:
+    view = ["--gradient-as-bucket-view"] if spec.ddp.gradient_as_bucket_view else []
+    return [*_threads(spec, workdir), "--bucket-cap-mb", str(spec.ddp.bucket_cap_mb), *view]
+
+
 def _tf_matched(spec: TrainSpec, workdir: Path) -> list[str]:
     implementation = render_tf.communication_options(spec)["implementation"]
     return [*_threads(spec, workdir), "--communication", implementation]
@@ -73,7 +78,7 @@ class Native:
 
 
 NATIVE: dict[tuple[str, str], Native] = {
-    ("ddp", "torch"): Native(script="ddp.py", matched=_threads, defaults=_nothing),
+    ("ddp", "torch"): Native(script="ddp.py", matched=_ddp_matched, defaults=_nothing),
     ("horovod", "torch"): Native(script="horovod_torch.py", matched=_threads, defaults=_nothing),
     ("deepspeed", "torch"): Native(
         script="ds_engine.py", matched=_deepspeed_matched, defaults=_deepspeed_defaults

@@ -11,8 +11,9 @@ Components (bytes per rank; P parameters, N data-parallel ranks, L the largest l
   4, plain SGD 0.
 - working: ZeRO-3's gathered layer, 2·w·L (the full weights and gradients of one layer).
 - buffers: engine communication buffers, not in DeepSpeed's estimators but resident on a real
-  run: DDP's gradient buckets (a second copy of the gradients, as gradient_as_bucket_view is
-  off), Horovod's fusion buffer, ZeRO-2/3's contiguous gradient bucket (the touched part).
+  run: DDP's gradient buckets (a second copy of the gradients unless ddp.gradient_as_bucket_view
+  makes the gradients views into them), Horovod's fusion buffer, ZeRO-2/3's contiguous
+  gradient bucket (the touched part).
 - activations: what backward keeps, micro × (input + every leaf's output) × activation bytes,
   when the model is known; under the pipeline, the first stage holds min(m, p) micro-batches.
 

@@ -61,7 +61,9 @@ class Setting:
 
 def _ddp(s: Setting) -> list[PlanRow]:
     p = s.facts.parameters
-    memory = mem.replicated(s.spec, p, buffers=4.0 * p, activations=s.activations())
+    # Gradients that are views into the buckets need no second copy (ddp.gradient_as_bucket_view).
+    buckets = 0.0 if s.spec.ddp.gradient_as_bucket_view else 4.0 * p
+    memory = mem.replicated(s.spec, p, buffers=buckets, activations=s.activations())
     sent = comm.allreduce_bytes(p, s.ranks, comm.gradient_bytes(s.spec, zero_engine=False))
     return [PlanRow("ddp+torch", memory, sent, note="buffers: DDP's gradient buckets")]
 

@@ -30,6 +30,7 @@ from toolkit.spec.run_sections import ScheduleSpec, TimeoutsSpec
 from toolkit.spec.sections import (
     BatchSpec,
     CheckpointSpec,
+    DdpSpec,
     HorovodSpec,
     LaunchSpec,
     LossScalingSpec,
@@ -90,6 +91,9 @@ class TrainSpec(Section):
         description="Pipeline parallelism settings.",
     )
     tf: TfSpec = Field(default_factory=TfSpec, description="tf.distribute settings.")
+    ddp: DdpSpec = Field(
+        default_factory=DdpSpec, description="PyTorch DistributedDataParallel settings."
+    )
     deepspeed: DeepSpeedSpec = Field(
         default_factory=DeepSpeedSpec,
         description="DeepSpeed-only settings, named as in ds_config.json.",

@@ -288,6 +288,25 @@ class PipelineSpec(Section):
         )
 
 
+class DdpSpec(Section):
+    """torch DistributedDataParallel's gradient buckets. Neither setting changes the math: the
+    same sums are all-reduced and divided by the same world size, bucket by bucket."""
+
+    bucket_cap_mb: float = Field(
+        default=25.0,
+        gt=0,
+        le=1_000_000,
+        description="Gradient bucket size in MiB (torch's default, 25): each bucket's "
+        "all-reduce starts when its gradients are ready, overlapping the rest of backward.",
+    )
+    gradient_as_bucket_view: bool = Field(
+        default=True,
+        description="Gradients are views into the buckets (torch's default is false): no "
+        "copy into the bucket before each all-reduce and back after it, and one copy of the "
+        "gradients fewer in memory.",
+    )
+
+
 class HorovodSpec(Section):
     """Horovod's controller, tensor fusion and reduction settings."""
 

@@ -48,7 +48,11 @@ class DDPBackend(common.TorchCollectives, TorchData, Backend):
     def prepare(self, model: Any, optimizer: Any | None = None) -> DistributedDataParallel:
         module = common.require_module(model)
         # DDP broadcasts rank 0's parameters and buffers at construction.
-        self.model = DistributedDataParallel(module)
+        self.model = DistributedDataParallel(
+            module,
+            bucket_cap_mb=self.spec.ddp.bucket_cap_mb,
+            gradient_as_bucket_view=self.spec.ddp.gradient_as_bucket_view,
+        )
         lr = self.spec.effective_lr(self.env.world_size)
         self.optimizer = optimizer or common.build_optimizer(self.model.parameters(), self.spec, lr)
         self.scheduler = common.lr_scheduler(self.optimizer, self.spec)

@@ -1,5 +1,6 @@
 """Native PyTorch DDP, as the PyTorch DDP tutorial writes it: torchrun's env:// rendezvous, gloo
-on CPU, `DistributedDataParallel(model)` with its default buckets, SGD with momentum.
+on CPU, `DistributedDataParallel(model)` with its default buckets unless told otherwise, SGD
+with momentum.
 
     torchrun --nproc-per-node 2 ddp.py --out timings.json
 """
@@ -14,13 +15,20 @@ from torch.nn.parallel import DistributedDataParallel
 
 
 def main() -> None:
-    args = _bench.parse(_bench.parser(__doc__ or ""))
+    parser = _bench.parser(__doc__ or "")
+    parser.add_argument("--bucket-cap-mb", type=float, default=25.0, help="torch's default 25")
+    parser.add_argument("--gradient-as-bucket-view", action="store_true")
+    args = _bench.parse(parser)
     if args.threads:
         torch.set_num_threads(args.threads)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(args.seed)
-    model = DistributedDataParallel(mlp(_bench.widths(args)))
+    model = DistributedDataParallel(
+        mlp(_bench.widths(args)),
+        bucket_cap_mb=args.bucket_cap_mb,
+        gradient_as_bucket_view=args.gradient_as_bucket_view,
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     loss_fn = torch.nn.CrossEntropyLoss()
 
