@@ -1,5 +1,5 @@
-"""Candidate fixes, applied to a running toolkit rank by monkeypatching, so that the bench can
-measure what each would buy before anyone changes a backend. Measurement only.
+"""Variants of the toolkit's step, applied to a running rank, so that the bench measures what a
+candidate change or a setting costs before anyone changes a backend. Measurement only.
 
 Each is a context manager over a `Run` (after `toolkit.init`): `toolkit bench step --patch NAME`
 enters it for the whole launch, `--in-process` around the steps of its own variant only. A TF
@@ -9,45 +9,17 @@ the in-process bench gives each variant a loss function of its own, so each is c
 - `global-loss`: `train_step` returns the mean loss over every rank (`step_loss: global`, one
   all-reduce per step) instead of this rank's: what asking for it costs. Changes what the step
   returns, not the weights.
-- `per-tensor-allreduce`: Horovod TF reduces each gradient with its own `hvd.allreduce` (as
-  `DistributedGradientTape` does, Horovod fusing them) instead of one `grouped_allreduce`, which
-  waits for the last gradient before any is sent.
+
+Candidates measured here and since built in: the TF engines' gradient sum started from the first
+micro-batch's gradient (toolkit.backends.tf.common), Horovod TF's per-tensor allreduce
+(toolkit.backends.horovod.tf_backend), the loss left local by default (`step_loss`).
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Any
-
-HOROVOD_TF = "toolkit.backends.horovod.tf_backend"
-
-
-class _ModuleProxy:
-    """A module whose named attributes are replaced; everything else is the module's own."""
-
-    def __init__(self, module: Any, **replaced: Any) -> None:
-        self._module = module
-        self.__dict__.update(replaced)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._module, name)
-
-
-@contextmanager
-def _replaced(module_name: str, attribute: str, make: Callable[[Any], Any]) -> Iterator[None]:
-    """`module.attribute = make(old)` for the block, if that module is loaded at all."""
-    module = sys.modules.get(module_name)
-    if module is None:
-        yield
-        return
-    old = getattr(module, attribute)
-    setattr(module, attribute, make(old))
-    try:
-        yield
-    finally:
-        setattr(module, attribute, old)
 
 
 @contextmanager
@@ -60,19 +32,8 @@ def global_loss(run: Any) -> Iterator[None]:
         run.backend.spec = spec
 
 
-def per_tensor_allreduce(run: Any) -> AbstractContextManager[None]:
-    def make(hvd: Any) -> Any:
-        def grouped(tensors: list[Any], **options: Any) -> list[Any]:
-            return [hvd.allreduce(tensor, **options) for tensor in tensors]
-
-        return _ModuleProxy(hvd, grouped_allreduce=grouped)
-
-    return _replaced(HOROVOD_TF, "hvd", make)
-
-
 PATCHES: dict[str, Callable[[Any], AbstractContextManager[None]]] = {
     "global-loss": global_loss,
-    "per-tensor-allreduce": per_tensor_allreduce,
 }
 
 

@@ -7,8 +7,11 @@ broadcast the same way; updates still go through the Keras optimizer onto the Ke
 
 Accumulation: Horovod's own (`backward_passes_per_step`) exists only in its Keras optimizer
 wrapper, which is the part Keras 3 breaks. So a step's micro-batch gradients are summed locally
-in one compiled function and reduced once with `hvd.grouped_allreduce`, the call
-DistributedGradientTape makes itself, with the spec's op and compression.
+in one compiled function, then each gradient is reduced with its own `hvd.allreduce` (the spec's
+op and compression), as DistributedGradientTape does by default (`groups=None`); Horovod fuses
+them in its background cycle. Finding (`toolkit bench step --in-process`, docs/bench): one
+`hvd.grouped_allreduce` of all gradients, which waits for the last gradient before any is sent,
+made the step 1.14x [1.09, 1.18] the native one; per-tensor allreduces bring it to 0.99.
 
 Checkpoints hold the whole training state and resume exactly (toolkit.backends.tf.state,
 shared with tf.distribute, whose checkpoints this backend continues and the other way round).
@@ -70,7 +73,7 @@ class HorovodTFBackend(Backend):
             keras_variables = model.trainable_variables
             sources = [v.value for v in keras_variables]
             grads, loss = common.accumulated_gradients(model, loss_fn, batch, sources)
-            grads = hvd.grouped_allreduce(grads, op=op, compression=compression)
+            grads = [hvd.allreduce(g, op=op, compression=compression) for g in grads]
             if clip > 0:
                 grads = common.clip_like_torch(grads, clip)
             optimizer.apply_gradients(zip(grads, keras_variables, strict=True))
