@@ -186,12 +186,20 @@ def test_reports_write_tables_pngs_and_markdown(tmp_path: Path) -> None:
     png = allreduce_report.plot(sweep, tmp_path / "allreduce.png")
     assert png.read_bytes()[:8] == PNG_SIGNATURE
     (tmp_path / "step.json").write_text(json.dumps(step))
+    (tmp_path / "step-in-process.json").write_text(json.dumps(step))
+    (tmp_path / "step-in-process-zero.json").write_text(json.dumps(step))
     (tmp_path / "allreduce.json").write_text(json.dumps(sweep))
     (tmp_path / "findings.md").write_text("## Findings\n\nsomething measured\n")
     text = markdown.render(tmp_path, image_prefix="docs/bench/")
     assert "## Findings" in text and "(docs/bench/step.png)" in text
     assert "| ddp/torchrun | 60.0 | 61.0 | 60.5 |" in text
     assert "![allreduce](docs/bench/allreduce.png)" in text
+    titles = [line for line in text.splitlines() if line.startswith("### Step")]
+    assert titles == [
+        "### Step: toolkit vs native in the same processes (the adapter's cost)",
+        "### Step: toolkit vs native, launch by launch (and the engines' own defaults)",
+        "### Step in the same processes, more engines: zero",
+    ]
 
 
 def test_report_command_writes_benchmarks_md(tmp_path: Path) -> None:

@@ -167,7 +167,13 @@ STEP_TITLES = {
     "step-in-process": "Step: toolkit vs native in the same processes (the adapter's cost)",
     "step": "Step: toolkit vs native, launch by launch (and the engines' own defaults)",
 }
-STEP_PREFIXES = {"cand": "Candidate costs", "settings": "Settings"}
+# A stem with one of these prefixes is shown after the fixed ones, titled "<words>: <rest>": a
+# candidate's run, a setting's, or more engines measured in process in a run of their own.
+STEP_PREFIXES = {
+    "step-in-process-": "Step in the same processes, more engines",
+    "cand": "Candidate costs",
+    "settings": "Settings",
+}
 
 
 def step_titles(directory: Path) -> dict[str, str]:
