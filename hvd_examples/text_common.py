@@ -131,7 +131,7 @@ def report(
             }
             write_outputs(args.out, weights, history)
         if args.plot:
-            plot(args.plot, trained.losses, trained.evaluations, title)
+            plot(args.plot, trained.losses, trained.evaluations, title, run.loss_label)
         print_json(
             backend=run.spec.backend,
             launcher=run.env.launcher,
@@ -163,8 +163,15 @@ def corpus_blocks() -> tuple[np.ndarray, np.ndarray]:
     return blocks(data[:cut]), blocks(data[cut:])
 
 
-def plot(path: str, losses: list[float], evaluations: list[tuple[int, float]], title: str) -> None:
-    """Training loss per step beside the held-out perplexity at each evaluation (PNG)."""
+def plot(
+    path: str,
+    losses: list[float],
+    evaluations: list[tuple[int, float]],
+    title: str,
+    loss_label: str,
+) -> None:
+    """Training loss per step (named as run.loss_label names it: rank 0's own, or the mean
+    over the ranks) beside the held-out perplexity at each evaluation (PNG)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -172,7 +179,7 @@ def plot(path: str, losses: list[float], evaluations: list[tuple[int, float]], t
 
     figure, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     left.plot(range(1, len(losses) + 1), losses)
-    left.set(xlabel="optimizer step", ylabel="training loss (nats per byte)", title=title)
+    left.set(xlabel="optimizer step", ylabel=f"training {loss_label} (nats per byte)", title=title)
     steps, perplexities = zip(*evaluations, strict=True)
     right.plot(steps, perplexities, marker="o")
     right.set(xlabel="optimizer step", ylabel="held-out perplexity", yscale="log")

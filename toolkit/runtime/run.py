@@ -177,15 +177,16 @@ class Run:
         """
         loss = self.backend.train_step(micro_batches, loss_fn)
         self.step += 1
-        self._show(**{self._loss_label: f"{loss:.4g}"})
+        self._show(**{self.loss_label: f"{loss:.4g}"})
         every = self.spec.checkpoint.every_steps
         if every and self.step % every == 0:
             self.save()
         return loss
 
     @property
-    def _loss_label(self) -> str:
-        """The bar names whose loss it shows: rank 0's own unless the spec asks for the mean."""
+    def loss_label(self) -> str:
+        """The name of what train_step returns, as rank 0 shows it (the bar, plots): rank 0's
+        own loss unless the spec asks for the mean over every rank (step_loss)."""
         return "loss" if self.spec.step_loss == "global" else "rank0_loss"
 
     def evaluate(
