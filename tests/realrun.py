@@ -68,11 +68,19 @@ class RunOutput:
         return {r["rank"]: r["weights_sha256"] for r in self.reports if "weights_sha256" in r}
 
 
-def run(argv: list[str], *, timeout: float = RUN_TIMEOUT_S, cwd: Path = ROOT) -> RunOutput:
+def run(
+    argv: list[str],
+    *,
+    timeout: float = RUN_TIMEOUT_S,
+    cwd: Path = ROOT,
+    unset: tuple[str, ...] = (),
+) -> RunOutput:
+    """`argv` in rank_env(), without the variables named in `unset`."""
+    env = {name: value for name, value in rank_env().items() if name not in unset}
     done = subprocess.run(
         argv,
         cwd=cwd,
-        env=rank_env(),
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from tests.realrun import BIN, PYTHON, ROOT, RunOutput, mpirun, run, spec
+from toolkit.cores import usable_cores
 
 pytestmark = pytest.mark.multiproc
 
@@ -42,6 +43,17 @@ def test_collectives_agree_on_every_rank(cell: str) -> None:
     # step_loss local (the default): each rank's own loss, not a mean that would be equal
     assert [r["step_loss"] for r in reports] == ["local", "local"]
     assert reports[0]["loss"] != reports[1]["loss"], reports
+    # threads_per_rank auto (the default) takes the OMP_NUM_THREADS of the launch (1 here)
+    assert [r["threads"] for r in reports] == [1, 1], reports
+
+
+@pytest.mark.parametrize("cell", ["horovod_torch-horovodrun", "horovod_tf-horovodrun"])
+def test_auto_threads_share_the_cores_when_the_launch_sets_none(cell: str) -> None:
+    """horovodrun leaves OMP_NUM_THREADS alone, and torch and TensorFlow would each start one
+    thread per core in both ranks; `auto` gives each of the 2 ranks its share of the cores."""
+    reports = rank_reports(run(CELLS[cell], timeout=240, unset=("OMP_NUM_THREADS",)))
+    share = max(1, usable_cores() // 2)
+    assert [r["threads"] for r in reports] == [share, share], reports
 
 
 def test_global_step_loss_is_the_mean_of_the_local_ones(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """Each rank reports what run.allreduce, run.broadcast and run.barrier gave it (2 ranks), and
 the loss run.train_step returned for one step of a one-layer model on data of its own (every
-input 1.0 on rank 0, 2.0 on rank 1), under the spec's step_loss."""
+input 1.0 on rank 0, 2.0 on rank 1), under the spec's step_loss, and the size of its
+framework's thread pool."""
 
 from __future__ import annotations
 
@@ -30,10 +31,22 @@ def main() -> int:
         "broadcast": float(from_rank_1[0]),
         "step_loss": run.spec.step_loss,
         "loss": loss,
+        "threads": compute_threads(run),
     }
     print(json.dumps(report), flush=True)
     run.shutdown()
     return 0
+
+
+def compute_threads(run: Any) -> int:
+    """The size of the framework's intra-op thread pool, as the backend configured it."""
+    if run.spec.framework_name == "torch":
+        import torch
+
+        return torch.get_num_threads()
+    import tensorflow as tf
+
+    return tf.config.threading.get_intra_op_parallelism_threads()
 
 
 def own_micro_batches(run: Any) -> list[tuple[np.ndarray, np.ndarray]]:

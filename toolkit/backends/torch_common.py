@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch.optim.lr_scheduler import LambdaLR
 
 from toolkit.backends.base import refuse_missing_script_optimizer
+from toolkit.cores import threads_in_rank
 from toolkit.engines import MPI_ENVIRONMENTS
 from toolkit.errors import ToolkitError
 from toolkit.launch.environment import LaunchEnvironment
@@ -53,9 +54,10 @@ class Rendezvous:
     master_port: int
 
 
-def configure_threads(spec: TrainSpec) -> None:
-    """Ranks sharing few cores must not each start a full thread pool (see shared/STACK.md)."""
-    torch.set_num_threads(spec.launch.threads_per_rank)
+def configure_threads(spec: TrainSpec, env: LaunchEnvironment) -> None:
+    """Ranks sharing few cores must not each start a full thread pool (see toolkit.cores)."""
+    setting = spec.launch.threads_per_rank
+    torch.set_num_threads(threads_in_rank(setting, env.local_world_size, os.environ))
 
 
 def build_optimizer(params: Any, spec: TrainSpec, lr: float) -> torch.optim.Optimizer:

@@ -21,6 +21,7 @@ from toolkit.bench.workload import Workload
 from toolkit.errors import ToolkitError
 from toolkit.render import tf as render_tf
 from toolkit.render.deepspeed import deepspeed_config
+from toolkit.render.layout import rendered_threads
 from toolkit.spec import TrainSpec
 
 NATIVE_DIR = Path(__file__).with_name("native")
@@ -29,7 +30,7 @@ ArgumentsFor = Callable[[TrainSpec, Path], list[str]]
 
 
 def _threads(spec: TrainSpec, _: Path) -> list[str]:
-    return ["--threads", str(spec.launch.threads_per_rank)]
+    return ["--threads", str(rendered_threads(spec))]
 
 
 def _nothing(spec: TrainSpec, _: Path) -> list[str]:

@@ -54,7 +54,14 @@ from toolkit.rank_variables import (
 )
 from toolkit.render import horovod
 from toolkit.render.hostfile import hostfile
-from toolkit.render.layout import Slot, job_hosts, rank_layout, uniform_slots
+from toolkit.render.layout import (
+    Slot,
+    cluster_threads,
+    job_hosts,
+    rank_layout,
+    rendered_threads,
+    uniform_slots,
+)
 from toolkit.spec import SpecError, TrainSpec
 from toolkit.spec.hosts import LOCAL_NAMES
 
@@ -129,10 +136,10 @@ def program(spec: TrainSpec, command: Sequence[str], ctx: LaunchContext) -> list
     return list(command)
 
 
-def base_env(spec: TrainSpec) -> dict[str, str]:
-    """Variables every rank gets from the toolkit: threads, Horovod settings, the network
-    interface for torch's Gloo, launch.env."""
-    env = {"OMP_NUM_THREADS": str(spec.launch.threads_per_rank)}
+def base_env(spec: TrainSpec, *, threads: int | None = None) -> dict[str, str]:
+    """Variables every rank gets from the toolkit: threads (`threads`, else
+    `rendered_threads`), Horovod settings, the network interface for torch's Gloo, launch.env."""
+    env = {"OMP_NUM_THREADS": str(rendered_threads(spec) if threads is None else threads)}
     job_env = _engine(spec).job_env
     if job_env is not None:
         env.update(_resolve(job_env)(spec))
@@ -397,7 +404,7 @@ def srun(spec: TrainSpec, command: list[str], ctx: LaunchContext) -> LaunchPlan:
         argv.append(f"--ntasks-per-node={per_node}")
     if spec.hosts:
         argv.append("--nodelist=" + ",".join(host.name for host in spec.hosts))
-    argv += [f"--cpus-per-task={spec.launch.threads_per_rank}", "--kill-on-bad-exit=1"]
+    argv += [f"--cpus-per-task={cluster_threads(spec)}", "--kill-on-bad-exit=1"]
     if spec.launch.partition:
         argv.append(f"--partition={spec.launch.partition}")
     argv += program(spec, command, ctx)
@@ -416,7 +423,8 @@ def srun(spec: TrainSpec, command: list[str], ctx: LaunchContext) -> LaunchPlan:
             "SLURM_JOB_NODELIST": nodelist,
         }
 
-    return LaunchPlan(launcher="srun", argv=argv, env=base_env(spec), ranks=_ranks(spec, env_of))
+    env = base_env(spec, threads=cluster_threads(spec))
+    return LaunchPlan(launcher="srun", argv=argv, env=env, ranks=_ranks(spec, env_of))
 
 
 def local(spec: TrainSpec, command: list[str], ctx: LaunchContext) -> LaunchPlan:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from toolkit.cores import threads_per_rank, usable_cores
 from toolkit.spec import Host, TrainSpec
 
 LOCALHOST = "localhost"
@@ -64,3 +65,18 @@ def uniform_slots(spec: TrainSpec) -> int | None:
     """Slots per host when every host has the same number, else None."""
     slots = {host.slots for host in job_hosts(spec)}
     return slots.pop() if len(slots) == 1 else None
+
+
+def rendered_threads(spec: TrainSpec) -> int:
+    """OMP_NUM_THREADS for every rank: `launch.threads_per_rank`, with `auto` resolved on this
+    machine for its busiest host (toolkit.cores)."""
+    busiest = max(slot.local_size for slot in rank_layout(spec))
+    return threads_per_rank(spec.launch.threads_per_rank, busiest, usable_cores())
+
+
+def cluster_threads(spec: TrainSpec) -> int:
+    """Threads per rank of a job a cluster places (Slurm, MPIJob): the number written, or for
+    `auto` one, Slurm's own CPU per task, since the machine that renders the job tells nothing
+    of the nodes that will run it."""
+    setting = spec.launch.threads_per_rank
+    return 1 if setting == "auto" else setting

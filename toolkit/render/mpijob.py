@@ -21,7 +21,7 @@ from typing import Any
 
 from toolkit.engines import MPIJOB_LAUNCHERS
 from toolkit.render.launchers import base_env
-from toolkit.render.layout import job_hosts, uniform_slots
+from toolkit.render.layout import cluster_threads, job_hosts, uniform_slots
 from toolkit.spec import SpecError, TrainSpec
 
 API_VERSION = "kubeflow.org/v2beta1"
@@ -64,7 +64,7 @@ def mpijob_manifest(spec: TrainSpec, command: Sequence[str]) -> dict[str, Any]:
     _check_pod_names(spec, workers)
     python = spec.launch.python or "python"
     program = [python, *command] if command[0].endswith(".py") else list(command)
-    env = base_env(spec)
+    env = base_env(spec, threads=cluster_threads(spec))
     mpirun_args = ["--allow-run-as-root", "-np", str(spec.world_size), "--bind-to", "none"]
     mpirun_args += ["--map-by", "slot"]
     for name in env:

@@ -22,7 +22,7 @@ import shlex
 from collections.abc import Callable, Sequence
 
 from toolkit.render.launchers import LaunchContext, base_env, launch_plan
-from toolkit.render.layout import job_hosts, uniform_slots
+from toolkit.render.layout import cluster_threads, job_hosts, uniform_slots
 from toolkit.spec import SpecError, TrainSpec
 
 SPEC_COPY = '.toolkit/spec-"$SLURM_JOB_ID".json'
@@ -39,7 +39,7 @@ def _program(spec: TrainSpec, command: list[str]) -> list[str]:
 
 
 def _srun(spec: TrainSpec, command: list[str]) -> list[str]:
-    threads = spec.launch.threads_per_rank
+    threads = cluster_threads(spec)
     return ["srun", f"--cpus-per-task={threads}", "--kill-on-bad-exit=1", *_program(spec, command)]
 
 
@@ -54,7 +54,7 @@ def _torchrun(spec: TrainSpec, command: list[str]) -> list[str]:
     nodes = len(job_hosts(spec))
     per_node = uniform_slots(spec) or 1
     argv = ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1"]
-    argv += [f"--cpus-per-task={spec.launch.threads_per_rank * per_node}", "--kill-on-bad-exit=1"]
+    argv += [f"--cpus-per-task={cluster_threads(spec) * per_node}", "--kill-on-bad-exit=1"]
     argv += ["torchrun", "--nnodes", str(nodes), "--nproc-per-node", str(per_node)]
     argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", "$MASTER_ADDR:$MASTER_PORT"]
     argv += ["--rdzv-id", "$SLURM_JOB_ID", "--max-restarts", "0"]
@@ -104,7 +104,7 @@ def sbatch_script(spec: TrainSpec, command: Sequence[str]) -> str:
         f"--job-name={spec.launch.job_name}",
         f"--nodes={len(hosts)}",
         f"--ntasks={spec.world_size}",
-        f"--cpus-per-task={spec.launch.threads_per_rank}",
+        f"--cpus-per-task={cluster_threads(spec)}",
         f"--time={spec.launch.time_limit}",
     ]
     per_node = uniform_slots(spec)
@@ -116,7 +116,7 @@ def sbatch_script(spec: TrainSpec, command: Sequence[str]) -> str:
         options.append(f"--partition={spec.launch.partition}")
     lines = ["#!/bin/bash", *(f"#SBATCH {shlex.quote(option)}" for option in options)]
     lines += ["", "set -euo pipefail", ""]
-    for name, value in base_env(spec).items():
+    for name, value in base_env(spec, threads=cluster_threads(spec)).items():
         lines.append(f"export {name}={shlex.quote(value)}")
     lines.append('MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"')
     lines.append("export MASTER_ADDR")

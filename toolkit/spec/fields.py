@@ -105,6 +105,26 @@ def _exact_int(value: Any) -> Any:
 ZeroStage = Literal[0, 1, 2, 3]
 StrictStage = Annotated[ZeroStage, BeforeValidator(_exact_int)]
 
+MAX_THREADS = 4096
+
+
+def _threads_setting(value: Any) -> Any:
+    # One message for the whole union: pydantic would report each of its branches apart.
+    if value == "auto" and isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_THREADS:
+        return value
+    raise field_error(
+        f"allowed auto or a whole number from 1 to {MAX_THREADS}",
+        "write auto (each rank an even share of its host's cores) or a count, e.g. 4",
+    )
+
+
+ThreadsSetting = Annotated[
+    Annotated[int, Field(ge=1, le=MAX_THREADS)] | Literal["auto"],
+    BeforeValidator(_threads_setting),
+]
+
 
 def _as_pair(value: Any) -> Any:
     if isinstance(value, list | tuple):

@@ -21,7 +21,16 @@ from typing import Annotated, Literal
 from pydantic import Field, PrivateAttr, ValidationInfo, field_validator
 
 from toolkit.engines import Controller, Launcher
-from toolkit.spec.fields import Betas, Env, Hosts, Section, StrictStage, Text, field_error
+from toolkit.spec.fields import (
+    Betas,
+    Env,
+    Hosts,
+    Section,
+    StrictStage,
+    Text,
+    ThreadsSetting,
+    field_error,
+)
 from toolkit.spec.hosts import HOST_NAME, MAX_RANKS
 
 OptimizerName = Literal["sgd", "adam", "adamw", "script"]
@@ -474,11 +483,11 @@ class LaunchSpec(Section):
     python: Annotated[str, Text("a command", "write the interpreter's path")] | None = Field(
         default=None, description="Interpreter for .py scripts; null = the one running the toolkit."
     )
-    threads_per_rank: int = Field(
-        default=1,
-        ge=1,
-        le=4096,
-        description="OMP_NUM_THREADS for each rank (and Slurm cpus-per-task).",
+    threads_per_rank: ThreadsSetting = Field(
+        default="auto",
+        description="Compute threads of each rank (OMP_NUM_THREADS, torch's and TensorFlow's "
+        "thread pools, Slurm cpus-per-task); auto = the cores a rank may use divided by the "
+        "ranks on its host, at least 1.",
     )
     env: Env = Field(
         default_factory=dict, description="Extra environment variables for every rank."

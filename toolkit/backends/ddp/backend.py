@@ -32,7 +32,7 @@ class DDPBackend(common.TorchCollectives, TorchData, Backend):
     optimizer: torch.optim.Optimizer
 
     def setup(self) -> None:
-        common.configure_threads(self.spec)
+        common.configure_threads(self.spec, self.env)
         common.export_torch_env(self.env, common.rendezvous(self.spec, self.env))
         common.apply_collective_timeout(common.collective_timeout(self.spec))
         if not dist.is_initialized():

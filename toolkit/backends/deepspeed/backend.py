@@ -81,7 +81,7 @@ class DeepSpeedBackend(common.TorchCollectives, TorchData, Backend):
                 "fp16 support on this machine",
                 "use precision bf16 or fp32 here; fp16 needs a GPU",
             )
-        common.configure_threads(self.spec)
+        common.configure_threads(self.spec, self.env)
         common.export_torch_env(self.env, common.rendezvous(self.spec, self.env))
         # Not needed for training, and its JIT build can hang every later start (module docs).
         deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False

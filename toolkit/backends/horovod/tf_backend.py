@@ -46,7 +46,7 @@ class HorovodTFBackend(Backend):
 
     def setup(self) -> None:
         common.check_precision(self.spec)
-        common.configure_threads(self.spec)
+        common.configure_threads(self.spec, self.env)
         export_environment(self.spec, self.env)
         hvd.init()
         check_world_size(hvd.size(), self.env)

@@ -48,7 +48,7 @@ class HorovodTorchBackend(TorchData, Backend):
     optimizer: Any
 
     def setup(self) -> None:
-        common.configure_threads(self.spec)
+        common.configure_threads(self.spec, self.env)
         export_environment(self.spec, self.env)
         hvd.init()
         check_world_size(hvd.size(), self.env)

@@ -53,7 +53,7 @@ class TFBackend(Backend):
 
     def setup(self) -> None:
         common.check_precision(self.spec)
-        common.configure_threads(self.spec)
+        common.configure_threads(self.spec, self.env)
         if self.env.world_size > 1:
             self._export_tf_config()
             options = tf.distribute.experimental.CommunicationOptions(

@@ -25,7 +25,9 @@ import tensorflow as tf
 from toolkit.backends.base import LossFn, refuse_missing_script_optimizer
 from toolkit.backends.batches import describe
 from toolkit.backends.tf.optimizers import TorchAdam, TorchSGD
+from toolkit.cores import threads_in_rank
 from toolkit.errors import ToolkitError
+from toolkit.launch.environment import LaunchEnvironment
 from toolkit.schedule import lr_ratio
 from toolkit.spec import TrainSpec
 
@@ -33,10 +35,11 @@ from toolkit.spec import TrainSpec
 TORCH_CLIP_EPS = 1e-6
 
 
-def configure_threads(spec: TrainSpec) -> None:
+def configure_threads(spec: TrainSpec, env: LaunchEnvironment) -> None:
     """Must run before TensorFlow starts its runtime (the first op or device query)."""
-    tf.config.threading.set_intra_op_parallelism_threads(spec.launch.threads_per_rank)
-    tf.config.threading.set_inter_op_parallelism_threads(spec.launch.threads_per_rank)
+    threads = threads_in_rank(spec.launch.threads_per_rank, env.local_world_size, os.environ)
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(threads)
 
 
 def seed_everything(seed: int) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -89,7 +90,7 @@ def main() -> int:
             "loader_s": loader_s,
             "loss": loss,
             "world": run.world_size,
-            "settings": {"threads": spec.launch.threads_per_rank, "patches": args.patch},
+            "settings": {"threads": int(os.environ["OMP_NUM_THREADS"]), "patches": args.patch},
         }
         _bench.write_record(args.out, record)
     run.shutdown()

@@ -1,0 +1,55 @@
+"""How many compute threads each rank runs: the spec's number, or with `auto` the cores this
+process may use shared evenly by the ranks of its host.
+
+The engines' own choices differ: torch and TensorFlow start one thread per core in every
+process, Horovod, mpirun and the deepspeed launcher leave that as it is (deepspeed sets
+OMP_NUM_THREADS only with --bind_cores_to_rank), torchrun sets OMP_NUM_THREADS=1 whenever it
+starts more than one process. Ranks that together run more threads than there are cores make
+the compute threads fight the engines' communication threads (shared/STACK.md), and ranks
+with one thread each leave the cores of a larger host idle; `auto` gives each rank its share.
+
+Where `auto` is resolved: once, by the renderers, into OMP_NUM_THREADS, with the cores of the
+machine that renders the launch and the ranks of the busiest host (the hosts of one job are
+taken to be alike); for a cluster (Slurm, MPIJob), as Slurm's own one CPU per task, since the
+machine that renders such a job tells nothing of the nodes that run it. Each rank then sizes
+torch's or TensorFlow's thread pool from that OMP_NUM_THREADS, and resolves `auto` itself only
+when it was started without one (a launcher run by hand). A neutral module: renderers and
+backends both use it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Literal
+
+Threads = int | Literal["auto"]
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its affinity mask, which taskset, cpusets and
+    Slurm's task binding narrow, rather than the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # platforms without sched_getaffinity (macOS)
+        return os.cpu_count() or 1
+
+
+def threads_per_rank(setting: Threads, ranks_on_host: int, cores: int) -> int:
+    """`setting` itself, or for `auto` an even share of `cores` among `ranks_on_host` ranks
+    (at least one thread: more ranks than cores oversubscribe whatever is chosen)."""
+    if setting != "auto":
+        return setting
+    return max(1, cores // max(1, ranks_on_host))
+
+
+def threads_in_rank(setting: Threads, ranks_on_host: int, env: Mapping[str, str]) -> int:
+    """What a rank gives torch's or TensorFlow's thread pools: the number written, else the
+    OMP_NUM_THREADS its launch set (the toolkit's renderers resolve `auto` there, torchrun sets
+    1), else an even share of the cores this rank may use."""
+    if setting != "auto":
+        return setting
+    launched_with = env.get("OMP_NUM_THREADS", "")
+    if launched_with.isdigit() and int(launched_with) > 0:
+        return int(launched_with)
+    return threads_per_rank("auto", ranks_on_host, usable_cores())
