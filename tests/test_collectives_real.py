@@ -43,6 +43,11 @@ def test_collectives_agree_on_every_rank(cell: str) -> None:
     # step_loss local (the default): each rank's own loss, not a mean that would be equal
     assert [r["step_loss"] for r in reports] == ["local", "local"]
     assert reports[0]["loss"] != reports[1]["loss"], reports
+    for report in reports:
+        if "tf" in cell:
+            assert "cannot change in place" in report["in_place"], report
+        else:
+            assert report["in_place"] == {"sum": [3.0, 6.0], "same": True, "mean": [1.5]}, report
     # threads_per_rank auto (the default) takes the OMP_NUM_THREADS of the launch (1 here)
     assert [r["threads"] for r in reports] == [1, 1], reports
 

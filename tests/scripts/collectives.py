@@ -32,10 +32,28 @@ def main() -> int:
         "step_loss": run.spec.step_loss,
         "loss": loss,
         "threads": compute_threads(run),
+        "in_place": reduce_in_place(run, mine),
     }
     print(json.dumps(report), flush=True)
     run.shutdown()
     return 0
+
+
+def reduce_in_place(run: Any, mine: float) -> Any:
+    """run.allreduce_ on a torch tensor: its sums, and whether it returned that same tensor;
+    under TensorFlow, the message it refuses with."""
+    if run.spec.framework_name != "torch":
+        try:
+            run.allreduce_([mine], op="sum")
+        except toolkit.ToolkitError as error:
+            return str(error)
+        return "not refused"
+    import torch
+
+    tensor = torch.tensor([mine, 2.0 * mine])
+    returned = run.allreduce_(tensor, op="sum")
+    mean = run.allreduce_(torch.tensor([mine]))
+    return {"sum": tensor.tolist(), "same": returned is tensor, "mean": mean.tolist()}
 
 
 def compute_threads(run: Any) -> int:

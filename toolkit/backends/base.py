@@ -200,6 +200,16 @@ class Backend(ABC):
     def allreduce(self, value: Any, op: ReduceOp = "mean") -> Any:
         """Reduce a tensor or number over all ranks."""
 
+    def allreduce_(self, tensor: Any, op: ReduceOp = "mean") -> Any:
+        """Reduce a tensor of the framework in place and return it, as torch.distributed's
+        `all_reduce` and Horovod's `allreduce_` do: no copy, where `allreduce` copies so that
+        its argument stays as it was. TensorFlow's tensors cannot change in place."""
+        raise ToolkitError(
+            f"run.allreduce_ reduces a tensor in place; the {self.spec.backend} backend's "
+            "tensors (TensorFlow) cannot change in place",
+            "use run.allreduce(value), which returns the reduced value",
+        )
+
     @abstractmethod
     def broadcast(self, value: Any, root: int = 0) -> Any:
         """Every rank gets `root`'s value."""

@@ -164,6 +164,21 @@ def to_tensor(value: Any) -> torch.Tensor:
     return value if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value))
 
 
+def in_place_target(tensor: Any, op: str) -> torch.Tensor:
+    """`tensor`, checked that `op` can reduce it in place."""
+    if not isinstance(tensor, torch.Tensor):
+        raise ToolkitError(
+            f"run.allreduce_ reduces a torch.Tensor in place, not a {type(tensor).__name__}",
+            "use run.allreduce(value), which takes numbers and arrays too",
+        )
+    if op == "mean" and not tensor.is_floating_point():
+        raise ToolkitError(
+            f"run.allreduce_ cannot hold a mean in a {tensor.dtype} tensor",
+            'reduce it with op="sum", or use run.allreduce, which returns a float tensor',
+        )
+    return tensor
+
+
 def to_numpy(tensor: torch.Tensor) -> np.ndarray:
     """A float32 numpy copy, detached from autograd and from the tensor's storage."""
     return tensor.detach().float().cpu().numpy().copy()
@@ -201,6 +216,10 @@ class TorchCollectives:
         tensor = to_tensor(value).clone()
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return tensor / self.env.world_size if op == "mean" else tensor
+
+    def allreduce_(self, tensor: Any, op: str = "mean") -> Any:
+        dist.all_reduce(in_place_target(tensor, op), op=dist.ReduceOp.SUM)
+        return tensor.div_(self.env.world_size) if op == "mean" else tensor
 
     def broadcast(self, value: Any, root: int = 0) -> Any:
         tensor = to_tensor(value).clone()

@@ -34,12 +34,17 @@ FULL_SIZES = tuple(4 * KIB * 4**k for k in range(9))  # 4 KiB .. 256 MiB
 SWEEP_TIMEOUT_S = 900
 
 
+TOOLKIT_PATHS = ("toolkit", "toolkit-inplace")
+"""The toolkit's own paths: `run.allreduce` (a new tensor, its argument left as it was, at the
+cost of a copy) and `run.allreduce_` (in place, as the raw torch and Horovod paths are)."""
+
+
 @dataclass(frozen=True)
 class Sweep:
     name: str
     spec: dict[str, Any]
     series: dict[str, str]
-    """raw_paths name -> the label of its series ("toolkit" is the toolkit's run.allreduce)."""
+    """raw_paths name -> the label of its series (TOOLKIT_PATHS are the toolkit's own)."""
     reference: str
     """The raw path the toolkit's allreduce goes through here (its ratio's denominator)."""
 
@@ -52,6 +57,7 @@ SWEEPS: tuple[Sweep, ...] = (
             "torch-gloo": "torch.distributed gloo",
             "mpi4py": "mpi4py (Open MPI)",
             "toolkit": "toolkit ddp (gloo)",
+            "toolkit-inplace": "toolkit ddp (gloo), in place",
         },
         reference="torch-gloo",
     ),
@@ -62,7 +68,11 @@ SWEEPS: tuple[Sweep, ...] = (
             "horovod": {"controller": "mpi"},
             "launch": {"launcher": "horovodrun"},
         },
-        {"horovod-torch": "Horovod MPI", "toolkit": "toolkit horovod (MPI)"},
+        {
+            "horovod-torch": "Horovod MPI",
+            "toolkit": "toolkit horovod (MPI)",
+            "toolkit-inplace": "toolkit horovod (MPI), in place",
+        },
         reference="horovod-torch",
     ),
     Sweep(
@@ -72,7 +82,11 @@ SWEEPS: tuple[Sweep, ...] = (
             "horovod": {"controller": "gloo"},
             "launch": {"launcher": "horovodrun"},
         },
-        {"horovod-torch": "Horovod Gloo", "toolkit": "toolkit horovod (Gloo)"},
+        {
+            "horovod-torch": "Horovod Gloo",
+            "toolkit": "toolkit horovod (Gloo)",
+            "toolkit-inplace": "toolkit horovod (Gloo), in place",
+        },
         reference="horovod-torch",
     ),
     Sweep(
@@ -156,6 +170,7 @@ def run_sweeps(
         series.append(
             series_record(f"memcpy, 1 core ({sweep.name})", "memcpy", measured["memcpy"], ranks)
         )
-        toolkit, raw = measured["toolkit"], measured[sweep.reference]
-        ratios[sweep.series["toolkit"]] = {size: raw[size] / toolkit[size] for size in toolkit}
+        raw = measured[sweep.reference]
+        for path in (path for path in sweep.series if path in TOOLKIT_PATHS):
+            ratios[sweep.series[path]] = {size: raw[size] / t for size, t in measured[path].items()}
     return {"series": series, "toolkit_over_raw_busbw": ratios, "errors": errors, "ranks": ranks}

@@ -48,7 +48,7 @@ def plot(data: dict[str, Any], path: Path) -> Path:
         if entry["path"] == "memcpy":
             # One memcpy line per sweep would crowd the plot: the best of them, once.
             continue
-        style = "--" if entry["path"] == "toolkit" else "-"
+        style = "--" if entry["path"].startswith("toolkit") else "-"
         bandwidth.plot(sizes, busbw, style, marker="o", markersize=3, label=entry["label"])
     memcpys = [e for e in data["series"] if e["path"] == "memcpy"]
     if memcpys:

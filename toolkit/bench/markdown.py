@@ -166,6 +166,7 @@ def memory_section(data: dict[str, Any]) -> list[str]:
 STEP_TITLES = {
     "step-in-process": "Step: toolkit vs native in the same processes (the adapter's cost)",
     "step": "Step: toolkit vs native, launch by launch (and the engines' own defaults)",
+    "step-vs-defaults": "Step: toolkit vs the engines' own defaults, launch by launch",
 }
 # A stem with one of these prefixes is shown after the fixed ones, titled "<words>: <rest>": a
 # candidate's run, a setting's, or more engines measured in process in a run of their own.

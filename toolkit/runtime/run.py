@@ -321,7 +321,12 @@ class Run:
 
     # -- collectives --------------------------------------------------------------------------
     def allreduce(self, value: Any, op: str = "mean") -> Any:
+        """The mean (or sum) of `value` over all ranks, as a new tensor; `value` is unchanged."""
         return self.backend.allreduce(value, op)
+
+    def allreduce_(self, tensor: Any, op: str = "mean") -> Any:
+        """Reduce a torch tensor in place and return it: no copy (see Backend.allreduce_)."""
+        return self.backend.allreduce_(tensor, op)
 
     def broadcast(self, value: Any, root: int = 0) -> Any:
         return self.backend.broadcast(value, root)

@@ -129,6 +129,12 @@ class HorovodTorchBackend(TorchData, Backend):
         wait_quietly([handle])
         return hvd.synchronize(handle)
 
+    def allreduce_(self, tensor: Any, op: str = "mean") -> Any:
+        reduce_op = hvd.Average if op == "mean" else hvd.Sum
+        handle = hvd.allreduce_async_(common.in_place_target(tensor, op), op=reduce_op)
+        wait_quietly([handle])
+        return hvd.synchronize(handle)
+
     def broadcast(self, value: Any, root: int = 0) -> Any:
         handle = hvd.broadcast_async(common.to_tensor(value), root_rank=root)
         wait_quietly([handle])

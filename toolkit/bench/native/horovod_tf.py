@@ -9,6 +9,7 @@ the one change from the guide.
     horovodrun -np 2 -H localhost:2 --gloo python horovod_tf.py --out timings.json
 
 `--torch-optimizer` swaps in the toolkit's torch-semantics SGD (a candidate cost, not native).
+`--inter-op N` sizes the inter-op thread pool apart from `--threads` (a candidate setting).
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ from _keras_model import mlp
 def main() -> None:
     p = _bench.parser(__doc__ or "")
     p.add_argument("--torch-optimizer", action="store_true")
+    p.add_argument("--inter-op", type=int, default=None, help="inter-op threads; unset = --threads")
     args = _bench.parse(p)
     if args.threads:
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-        tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+        tf.config.threading.set_inter_op_parallelism_threads(args.inter_op or args.threads)
     hvd.init()
     rank, world = hvd.rank(), hvd.size()
     tf.keras.utils.set_random_seed(args.seed)

@@ -7,6 +7,7 @@ with `tf.nn.compute_average_loss` over the global batch and reduces the loss wit
     (each worker, its TF_CONFIG set) python tf_mwms.py --communication RING --out timings.json
 
 `--torch-optimizer` swaps in the toolkit's torch-semantics SGD (a candidate cost, not native).
+`--inter-op N` sizes the inter-op thread pool apart from `--threads` (a candidate setting).
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ def main() -> None:
     p = _bench.parser(__doc__ or "")
     p.add_argument("--communication", default=None, help="RING, NCCL or AUTO; unset = TF's")
     p.add_argument("--torch-optimizer", action="store_true")
+    p.add_argument("--inter-op", type=int, default=None, help="inter-op threads; unset = --threads")
     args = _bench.parse(p)
     if args.threads:
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-        tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+        tf.config.threading.set_inter_op_parallelism_threads(args.inter_op or args.threads)
     options = tf.distribute.experimental.CommunicationOptions()
     if args.communication:
         implementation = tf.distribute.experimental.CommunicationImplementation

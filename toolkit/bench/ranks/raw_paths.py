@@ -98,12 +98,24 @@ def toolkit_allreduce(run: Any) -> Callable[[int], Operation]:
     return make
 
 
+def toolkit_allreduce_in_place(run: Any) -> Callable[[int], Operation]:
+    """`run.allreduce_(tensor, op="sum")`: in place, on a torch tensor."""
+    import torch
+
+    def make(elements: int) -> Operation:
+        tensor = torch.ones(elements, dtype=torch.float32)
+        return lambda: run.allreduce_(tensor, op="sum")
+
+    return make
+
+
 PATHS: dict[str, PathFactory] = {
     "torch-gloo": torch_gloo,
     "mpi4py": mpi4py_allreduce,
     "horovod-torch": horovod_torch,
     "tf-collective": tf_collective,
     "toolkit": toolkit_allreduce,
+    "toolkit-inplace": toolkit_allreduce_in_place,
 }
 
 
