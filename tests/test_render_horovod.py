@@ -39,6 +39,27 @@ def test_environment_uses_bytes_and_flags() -> None:
     assert env["HOROVOD_TIMELINE"] == "timeline.json"
 
 
+@pytest.mark.parametrize(
+    ("horovod_section", "launcher", "cycle"),
+    [
+        ({}, "horovodrun", "5.0"),  # the Gloo controller horovodrun implies
+        ({"controller": "mpi"}, "horovodrun", "1.0"),
+        ({}, "mpirun", "1.0"),  # MPI's controller
+        ({"controller": "gloo", "cycle_time_ms": 0.5}, "horovodrun", "0.5"),
+    ],
+)
+def test_an_unset_cycle_time_follows_the_controller(
+    horovod_section: dict[str, object], launcher: str, cycle: str
+) -> None:
+    spec = TrainSpec.from_dict(
+        {"backend": "horovod", "horovod": horovod_section, "launch": {"launcher": launcher}}
+    )
+    assert horovod.environment(spec)["HOROVOD_CYCLE_TIME"] == cycle
+    flags = horovod.horovodrun_flags(spec)
+    assert flags[flags.index("--cycle-time-ms") + 1] == cycle
+    assert horovod.config_file(spec)["params"]["cycle_time_ms"] == float(cycle)
+
+
 def test_optimizer_options_carry_compression_op_and_accumulation() -> None:
     assert horovod.optimizer_options(SPEC) == {
         "compression": "Compression.fp16",

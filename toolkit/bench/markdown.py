@@ -119,7 +119,11 @@ def allreduce_section(data: dict[str, Any], png: str) -> list[str]:
     ]
     lines = ["### Allreduce bus bandwidth (GB/s)", "", _machine(data), ""]
     lines += [*_table(head, rows), ""]
-    lines += ["Toolkit `run.allreduce` busbw / the raw path it goes through, same processes:", ""]
+    lines += [
+        "Toolkit busbw / the raw path it goes through, same processes (`run.allreduce` returns "
+        "a new tensor, `run.allreduce_` reduces in place as the raw torch and Horovod calls do):",
+        "",
+    ]
     lines += [*_table(["toolkit path", *(size(s) for s in sizes)], ratio_rows), ""]
     lines += [f"![allreduce]({png})", ""]
     return lines
