@@ -9,6 +9,7 @@ import pytest
 
 from toolkit.cores import threads_in_rank, threads_per_rank, usable_cores
 from toolkit.render.launchers import LaunchContext, launch_plan
+from toolkit.render.layout import busiest_host, rank_layout
 from toolkit.render.mpijob import mpijob_manifest
 from toolkit.render.slurm import sbatch_script
 from toolkit.spec import SpecError, TrainSpec
@@ -68,3 +69,18 @@ def test_threads_must_be_a_positive_count_or_auto(value: Any) -> None:
     with pytest.raises(SpecError) as caught:
         spec({"threads_per_rank": value})
     assert "launch.threads_per_rank" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "launch",
+    [
+        {"np": 2},
+        {"launcher": "mpirun", "hosts": ["n1:3", "n2:1"]},
+        {"launcher": "mpirun", "hosts": ["n1:3", "n2:1"], "np": 3},
+        {"launcher": "mpirun", "hosts": ["n1:1", "n2:2"], "np": 9},
+        {"launcher": "mpirun", "hosts": ["n1:2", "n2:2", "n3:1"], "np": 12},
+    ],
+)
+def test_the_busiest_host_is_counted_as_the_layout_places_ranks(launch: dict[str, Any]) -> None:
+    placed = spec(launch)
+    assert busiest_host(placed) == max(slot.local_size for slot in rank_layout(placed))

@@ -437,9 +437,10 @@ def local(spec: TrainSpec, command: list[str], ctx: LaunchContext) -> LaunchPlan
     local_rank_env = _engine(spec).local_rank_env
     extra: list[dict[str, str]] = _resolve(local_rank_env)(spec) if local_rank_env else []
     ranks = []
+    shared = base_env(spec)
     for slot in rank_layout(spec):
         env = {
-            **base_env(spec),
+            **shared,
             TOOLKIT_RANK: str(slot.rank),
             TOOLKIT_LOCAL_RANK: str(slot.local_rank),
             TOOLKIT_WORLD_SIZE: str(spec.world_size),

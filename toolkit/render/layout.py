@@ -70,8 +70,18 @@ def uniform_slots(spec: TrainSpec) -> int | None:
 def rendered_threads(spec: TrainSpec) -> int:
     """OMP_NUM_THREADS for every rank: `launch.threads_per_rank`, with `auto` resolved on this
     machine for its busiest host (toolkit.cores)."""
-    busiest = max(slot.local_size for slot in rank_layout(spec))
-    return threads_per_rank(spec.launch.threads_per_rank, busiest, usable_cores())
+    return threads_per_rank(spec.launch.threads_per_rank, busiest_host(spec), usable_cores())
+
+
+def busiest_host(spec: TrainSpec) -> int:
+    """The most ranks `rank_layout` puts on one host, counted without laying out every rank."""
+    slots = [host.slots for host in job_hosts(spec)]
+    filled, left = [], spec.world_size
+    for count in slots:
+        filled.append(min(count, left))
+        left -= filled[-1]
+    extra, hosts = divmod(left, len(slots))
+    return max(count + extra + (node < hosts) for node, count in enumerate(filled))
 
 
 def cluster_threads(spec: TrainSpec) -> int:
