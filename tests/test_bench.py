@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from toolkit import engines
-from toolkit.bench import allreduce, allreduce_report, cases, markdown, stats, step_report
+from toolkit.bench import allreduce, allreduce_report, bubble, cases, markdown, stats, step_report
 from toolkit.bench.bare import BARE, bare_launch
 from toolkit.bench.memory import mlp_facts
 from toolkit.bench.step import case_spec, parse_setting, variants_for
@@ -122,6 +122,49 @@ def test_default_sweep_is_4k_to_64m() -> None:
     assert allreduce.bus_factor(2) == 1.0 and allreduce.bus_factor(8) == 1.75
 
 
+def _pipeline_rank(stage: int, *, start: float, compute: float, end: float) -> dict:
+    step = {
+        "step_s": end - start + 0.01,
+        "first_forward_start": start,
+        "last_backward_end": end,
+        "compute_s": compute,
+        "micro_batches": 4,
+        "seconds": {"ForwardPass": compute / 3, "BackwardPass": 2 * compute / 3, "RecvGrad": 0.1},
+    }
+    return {"rank": stage, "stage": stage, "steps": [step, step, step]}
+
+
+def test_bubble_is_the_idle_share_of_the_common_window() -> None:
+    # Stage 0 computes 0.8 s of a 1.0 s window, stage 1 0.6 s of it, starting 0.2 s later.
+    ranks = [
+        _pipeline_rank(1, start=10.2, compute=0.6, end=11.0),
+        _pipeline_rank(0, start=10.0, compute=0.8, end=10.9),
+    ]
+    result = bubble.summarize(ranks, micro_batches=4)
+    assert result["stage_bubbles"] == pytest.approx([0.2, 0.4])
+    assert result["measured"] == pytest.approx(0.3)
+    assert result["formula"] == pytest.approx(1 / 5)
+    assert result["difference"] == pytest.approx(0.1)
+    assert result["window_ms"] == pytest.approx(1000.0)
+    assert result["stage_compute_per_micro_ms"] == pytest.approx([200.0, 150.0])
+
+
+def test_stage_costs_predict_the_formula_when_equal_and_more_when_not() -> None:
+    for m in (1, 2, 4, 8):
+        assert bubble.predicted_from_stage_costs([m * 0.05] * 2, m) == pytest.approx(1 / (m + 1))
+    # One micro-batch crosses both stages whatever they cost; after it the slower one paces.
+    assert bubble.predicted_from_stage_costs([0.05, 0.06], 1) == pytest.approx(0.5)
+    for m in (2, 4, 8):
+        assert bubble.predicted_from_stage_costs([m * 0.05, m * 0.06], m) > 1 / (m + 1)
+
+
+def test_bubble_case_spec_is_a_two_stage_pipeline_of_m_micro_batches() -> None:
+    spec = bubble.case_spec(micro_batches=4, micro=8)
+    batch = spec.batch_for(2)
+    assert spec.backend == "deepspeed" and spec.pipeline.stages == 2
+    assert (batch.global_, batch.micro, batch.accumulation) == (32, 8, 4)
+
+
 def _step_data() -> dict:
     spread = stats.spread([1.01, 1.02]).to_json()
     return {
@@ -190,7 +233,28 @@ def test_reports_write_tables_pngs_and_markdown(tmp_path: Path) -> None:
     (tmp_path / "step-in-process-zero.json").write_text(json.dumps(step))
     (tmp_path / "allreduce.json").write_text(json.dumps(sweep))
     (tmp_path / "findings.md").write_text("## Findings\n\nsomething measured\n")
+    pipeline = {
+        "kind": "bubble",
+        "command": "toolkit bench bubble",
+        "machine": step["machine"],
+        "model": {"layers": [8, 8, 8], "micro": 4, "stages": 2, "steps": 3},
+        "cases": [
+            bubble.summarize(
+                [
+                    _pipeline_rank(0, start=0.0, compute=0.8, end=1.0),
+                    _pipeline_rank(1, start=0.1, compute=0.7, end=1.0),
+                ],
+                micro_batches=4,
+            )
+        ],
+        "errors": [],
+    }
+    assert "0.200" in bubble.table(pipeline)
+    assert bubble.plot(pipeline, tmp_path / "bubble.png").read_bytes()[:8] == PNG_SIGNATURE
+    (tmp_path / "bubble.json").write_text(json.dumps(pipeline))
     text = markdown.render(tmp_path, image_prefix="docs/bench/")
+    assert "| 4 | 0.200 | 0.250 | +0.050 |" in text
+    assert "![bubble](docs/bench/bubble.png)" in text
     assert "## Findings" in text and "(docs/bench/step.png)" in text
     assert "| ddp/torchrun | 60.0 | 61.0 | 60.5 |" in text
     assert "![allreduce](docs/bench/allreduce.png)" in text

@@ -58,3 +58,17 @@ def test_bench_memory_tiny(tmp_path: Path, no_orphans: None) -> None:
     # Tensor bytes, not time: AdamW's two fp32 moments per parameter (plus its step counters).
     assert case["optimizer_state"]["ratio"] == pytest.approx(1.0, rel=0.05)
     assert case["resident"]["rss_delta"] > 0
+
+
+def test_bench_bubble_tiny(tmp_path: Path, no_orphans: None) -> None:
+    out = tmp_path / "out"
+    argv = ["bench", "bubble", "--micro-batches", "1", "2", "--layers", "16,16,16", "--micro", "4"]
+    assert main([*argv, "--steps", "2", "--out", str(out)]) == 0
+    data = json.loads((out / "bubble.json").read_text())
+    assert [case["micro_batches"] for case in data["cases"]] == [1, 2]
+    for case in data["cases"]:
+        assert case["stages"] == 2 and len(case["steps"]) == 2
+        # Idle shares of a window that holds the compute: between 0 and 1, whatever the timing.
+        assert all(0.0 <= b < 1.0 for b in case["stage_bubbles"]), case["stage_bubbles"]
+        assert case["instruction_ms"]["ForwardPass"][0] > 0
+    assert (out / "bubble.png").read_bytes()[:8] == PNG_SIGNATURE

@@ -167,6 +167,55 @@ def memory_section(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def bubble_section(data: dict[str, Any], png: str) -> list[str]:
+    model = data["model"]
+    head = [
+        "micro-batches m",
+        "(p-1)/(m+p-1)",
+        "measured",
+        "measured - formula",
+        "predicted from stage costs",
+        "bubble per stage",
+        "ms per micro-batch per stage",
+        "window ms",
+        "step ms",
+    ]
+    rows = [
+        [
+            str(case["micro_batches"]),
+            _f(case["formula"]),
+            _f(case["measured"]),
+            _f(case["difference"], "+.3f"),
+            _f(case["imbalance_predicted"]),
+            " / ".join(_f(b) for b in case["stage_bubbles"]),
+            " / ".join(_f(t, ".1f") for t in case["stage_compute_per_micro_ms"]),
+            _f(case["window_ms"], ".1f"),
+            _f(case["step_ms"], ".1f"),
+        ]
+        for case in data["cases"]
+    ]
+    waits = ["RecvActivation", "RecvGrad", "SendActivation", "SendGrad"]
+    wait_rows = [
+        [str(case["micro_batches"])]
+        + [" / ".join(_f(ms, ".1f") for ms in case["instruction_ms"].get(w, [])) for w in waits]
+        for case in data["cases"]
+    ]
+    lines = ["### Pipeline bubble: measured against `toolkit plan`", "", _machine(data), ""]
+    lines.append(
+        f"DeepSpeed's pipeline engine through the toolkit, {model['stages']} stages, MLP "
+        f"{'-'.join(map(str, model['layers']))}, {model['micro']} samples per micro-batch, "
+        f"median of {model['steps']} timed steps. The bubble is the idle share of the window "
+        "from the first forward pass to the last backward pass, averaged over the stages."
+    )
+    lines += ["", *_table(head, rows), ""]
+    lines += ["Milliseconds per step in the blocking point-to-point instructions, stage 0 / 1:", ""]
+    lines += [*_table(["m", *waits], wait_rows), ""]
+    lines += [f"![bubble]({png})", ""]
+    for error in data["errors"]:
+        lines.append(f"error: {error.splitlines()[0]}")
+    return lines
+
+
 STEP_TITLES = {
     "step-in-process": "Step: toolkit vs native in the same processes (the adapter's cost)",
     "step": "Step: toolkit vs native, launch by launch (and the engines' own defaults)",
@@ -214,6 +263,10 @@ def render(directory: Path, *, image_prefix: str) -> str:
         lines += allreduce_section(data, f"{image_prefix}allreduce.png")
     for path in sorted(directory.glob("memory*.json")):
         lines += memory_section(record.read_json(path))
+    if (directory / "bubble.json").exists():
+        lines += bubble_section(
+            record.read_json(directory / "bubble.json"), f"{image_prefix}bubble.png"
+        )
     if (directory / "plan.txt").exists():
         lines += ["### `toolkit plan` for the memory model", "", "```"]
         lines += [(directory / "plan.txt").read_text().rstrip(), "```", ""]

@@ -181,6 +181,37 @@ def run_memory(args: argparse.Namespace) -> int:
     return 1 if data["errors"] else 0
 
 
+def run_bubble(args: argparse.Namespace) -> int:
+    from toolkit.bench import bubble, record
+    from toolkit.bench.step import log_stderr
+
+    counts = tuple(sorted(set(args.micro_batches or bubble.DEFAULT_MICRO_BATCHES)))
+    layers = args.layers or bubble.DEFAULT_LAYERS
+    micro = args.micro or bubble.DEFAULT_MICRO
+    context = record.machine()
+    with tempfile.TemporaryDirectory(prefix="toolkit-bench-") as work:
+        measured = bubble.run_bubble(
+            Path(work),
+            micro_batch_counts=counts,
+            layers=layers,
+            micro=micro,
+            steps=args.steps,
+            log=log_stderr,
+        )
+    words = ["toolkit", "bench", "bubble", "--steps", str(args.steps)]
+    words += ["--micro-batches", *map(str, counts)] if args.micro_batches else []
+    words += ["--layers", ",".join(map(str, layers))] if args.layers else []
+    words += ["--micro", str(micro)] if args.micro else []
+    data = {"kind": "bubble", "command": " ".join(words), "machine": record.finish(context)}
+    data.update(measured)
+    out = Path(args.out)
+    record.write_json(out / "bubble.json", data)
+    png = bubble.plot(data, out / "bubble.png")
+    print(bubble.table(data))
+    print(f"wrote {out / 'bubble.json'}, {png}")
+    return 1 if data["errors"] else 0
+
+
 def run_report(args: argparse.Namespace) -> int:
     from toolkit.bench.markdown import render
 
@@ -204,6 +235,7 @@ def run_all(args: argparse.Namespace) -> int:
         [*step, "--vs-defaults", *out],
         ["bench", "allreduce", "--full", *out],
         ["bench", "memory", *out],
+        ["bench", "bubble", *out],
     ]
     status = 0
     for argv in runs:

@@ -5,6 +5,7 @@
 - `allreduce [--sizes ...]`: allreduce bus bandwidth through the toolkit and each raw path, with
   memcpy measured in the same run as the physical limit.
 - `memory --spec FILE`: `toolkit plan`'s per-rank memory against real CPU runs.
+- `bubble [--micro-batches M ...]`: DeepSpeed's pipeline bubble, measured, against the plan's.
 - `report`: BENCHMARKS.md from the JSON the others wrote; `all`: every figure, then the report.
 
 Imports no engine: engines run only inside the launched ranks.
@@ -57,7 +58,9 @@ def _size(text: str) -> int:
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("bench", help="measure the toolkit against native engines")
+    parser = subparsers.add_parser(
+        "bench", help="measure the toolkit against native engines and its plan"
+    )
     commands = parser.add_subparsers(dest="bench_command", metavar="WHAT", required=True)
 
     step = commands.add_parser("step", help="toolkit step vs native step of the same engine")
@@ -124,6 +127,21 @@ def register(subparsers: Any) -> None:
     memory.add_argument("--out", default=DEFAULT_OUT, help="where NAME.json goes")
     memory.add_argument("--name", default="memory", help="file name stem (default memory)")
     memory.set_defaults(func=_run("run_memory"))
+
+    bubble = commands.add_parser("bubble", help="measured pipeline bubble against (p-1)/(m+p-1)")
+    bubble.add_argument(
+        "--micro-batches",
+        nargs="+",
+        type=_positive,
+        default=None,
+        metavar="M",
+        help="micro-batches per step to measure (default 1 2 4 8)",
+    )
+    bubble.add_argument("--layers", type=_layers, default=None, help="MLP widths")
+    bubble.add_argument("--micro", type=_positive, default=None, help="samples per micro-batch")
+    bubble.add_argument("--steps", type=_positive, default=10, help="timed steps per launch")
+    bubble.add_argument("--out", default=DEFAULT_OUT, help="where bubble.json and .png go")
+    bubble.set_defaults(func=_run("run_bubble"))
 
     report = commands.add_parser("report", help="BENCHMARKS.md from the JSON in a directory")
     report.add_argument("--dir", default="docs/bench", help="where the JSON and PNG are")
