@@ -36,6 +36,19 @@ def test_bench_step_tiny(tmp_path: Path, no_orphans: None) -> None:
     assert (out / "step.png").read_bytes()[:8] == PNG_SIGNATURE
 
 
+def test_bench_step_in_process_tiny(tmp_path: Path, no_orphans: None) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("backend: ddp\n")
+    out = tmp_path / "out"
+    argv = ["bench", "step", "--spec", str(spec), "--in-process", "--reps", "1", "--steps", "2"]
+    argv += ["--warmup", "1", "--layers", "16,8,4", "--micro", "4", "--out", str(out)]
+    assert main(argv) == 0
+    (case,) = json.loads((out / "step.json").read_text())["cases"]
+    assert case["errors"] == []
+    assert {"native", "toolkit", "native-again", "toolkit+global-loss"} <= set(case["median_ms"])
+    assert all(math.isfinite(ms) and ms > 0 for ms in case["median_ms"].values())
+
+
 def test_bench_allreduce_tiny(tmp_path: Path, no_orphans: None) -> None:
     out = tmp_path / "out"
     argv = ["bench", "allreduce", "--sizes", "4K", "16K", "--blocks", "1", "--sweeps", "ddp"]

@@ -24,12 +24,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-import toolkit
 from toolkit.bench.native._torch_model import mlp
-from toolkit.spec import TrainSpec
+from toolkit.bench.ranks._toolkit_job import start_toolkit, synthetic
 
 COMPUTE = ("ForwardPass", "BackwardPass")
 
@@ -91,14 +89,9 @@ class InstructionClock:
 
 def main() -> int:
     args = parse(sys.argv[1:])
-    spec = TrainSpec.from_dict(json.loads(Path(args.spec).read_text()))
-    run = toolkit.init(spec)
+    spec, run = start_toolkit(args.spec)
     widths = [int(w) for w in args.layers.split(",")]
-    batch = spec.batch_for(run.world_size)
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((batch.global_, widths[0]), dtype=np.float32)
-    y = rng.integers(0, widths[-1], batch.global_, dtype=np.int64)
-    loader = run.loader((x, y))
+    loader = run.loader(synthetic(widths, spec.batch_for(run.world_size).global_))
     torch.manual_seed(0)
     run.prepare(mlp(widths))
     clock = InstructionClock()

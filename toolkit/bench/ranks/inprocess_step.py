@@ -16,20 +16,15 @@ comparison cannot offer on a shared machine. What this cannot see is how the eng
 from __future__ import annotations
 
 import functools
-import json
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-import toolkit
 from toolkit.bench.native import _bench
 from toolkit.bench.patches import applied
+from toolkit.bench.ranks._toolkit_job import start_toolkit, synthetic
 from toolkit.bench.ranks.native_steps import BUILDERS
 from toolkit.bench.ranks.toolkit_step import build_model
-from toolkit.spec import TrainSpec
 
 
 def patched_step(run: Any, loss_fn: Any, names: str) -> Callable[[Any], Any]:
@@ -51,8 +46,7 @@ def main() -> int:
     parser.add_argument("--spec", required=True)
     parser.add_argument("--patch", action="append", default=[], help="patches.PATCHES names")
     args = _bench.parse(parser)
-    spec = TrainSpec.from_dict(json.loads(Path(args.spec).read_text()))
-    run = toolkit.init(spec)
+    spec, run = start_toolkit(args.spec)
     framework = spec.framework_name
     if framework == "torch":
         import torch
@@ -61,12 +55,8 @@ def main() -> int:
     with run.scope():
         model, loss_fn = build_model(framework, _bench.widths(args))
     run.prepare(model)
-    dims = _bench.widths(args)
-    rng = np.random.default_rng(args.seed)
     samples = spec.batch_for().global_ * _bench.DISTINCT_BATCHES
-    x = rng.standard_normal((samples, dims[0]), dtype=np.float32)
-    y = rng.integers(0, dims[-1], samples, dtype=np.int64)
-    steps = list(run.loader((x, y)))
+    steps = list(run.loader(synthetic(_bench.widths(args), samples, args.seed)))
     native, convert = BUILDERS[(spec.backend, framework)](run, loss_fn, args.lr, args.momentum)
     native_inputs = [convert(micro_batches) for micro_batches in steps]
 

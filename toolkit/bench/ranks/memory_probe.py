@@ -21,13 +21,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import psutil
 import torch
 
-import toolkit
 from toolkit.bench.native._torch_model import mlp
-from toolkit.spec import TrainSpec
+from toolkit.bench.ranks._toolkit_job import start_toolkit, synthetic
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -96,15 +94,9 @@ def census() -> dict[str, int]:
 
 def main() -> int:
     args = parse(sys.argv[1:])
-    spec = TrainSpec.from_dict(json.loads(Path(args.spec).read_text()))
-    run = toolkit.init(spec)
+    spec, run = start_toolkit(args.spec)
     widths = [int(w) for w in args.layers.split(",")]
-    batch = spec.batch_for(run.world_size)
-    rng = np.random.default_rng(0)
-    samples = batch.global_ * 2
-    x = rng.standard_normal((samples, widths[0]), dtype=np.float32)
-    y = rng.integers(0, widths[-1], samples, dtype=np.int64)
-    loader = run.loader((x, y))
+    loader = run.loader(synthetic(widths, spec.batch_for(run.world_size).global_ * 2))
     baseline = rss()
     torch.manual_seed(0)
     run.prepare(mlp(widths))

@@ -14,20 +14,17 @@ on every rank at once (each on its own core), as the allreduce does.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-import toolkit
 from toolkit.bench.native import _bench
 from toolkit.bench.ranks import raw_paths
-from toolkit.spec import TrainSpec
+from toolkit.bench.ranks._toolkit_job import start_toolkit
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -57,8 +54,7 @@ def time_block(operation: Callable[[], Any], count: int, barrier: Callable[[], N
 
 def main() -> int:
     args = parse(sys.argv[1:])
-    spec = TrainSpec.from_dict(json.loads(Path(args.spec).read_text()))
-    run = toolkit.init(spec)
+    _, run = start_toolkit(args.spec)
     names = args.paths.split(",")
     makers = {name: raw_paths.PATHS[name](run) for name in names}
     sizes = [int(size) for size in args.sizes.split(",")]

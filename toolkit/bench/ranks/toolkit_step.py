@@ -11,20 +11,15 @@ one of `toolkit.bench.patches` first (a candidate fix, measured before anyone ch
 from __future__ import annotations
 
 import functools
-import json
 import math
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-import toolkit
 from toolkit.bench import patches
 from toolkit.bench.native import _bench
-from toolkit.spec import TrainSpec
+from toolkit.bench.ranks._toolkit_job import start_toolkit, synthetic
 
 
 def build_model(framework: str, dims: list[int]) -> tuple[Any, Any]:
@@ -50,8 +45,7 @@ def main() -> int:
     parser.add_argument("--spec", required=True)
     parser.add_argument("--patch", action="append", default=[], help="patches.PATCHES names")
     args = _bench.parse(parser)
-    spec = TrainSpec.from_dict(json.loads(Path(args.spec).read_text()))
-    run = toolkit.init(spec)
+    spec, run = start_toolkit(args.spec)
     for name in args.patch:
         patches.applied(run, name).__enter__()  # for the whole launch
     if spec.framework_name == "torch":
@@ -61,13 +55,8 @@ def main() -> int:
     with run.scope():
         model, loss_fn = build_model(spec.framework_name, _bench.widths(args))
     run.prepare(model)
-    global_batch = spec.batch_for().global_
-    rng = np.random.default_rng(args.seed)
-    dims = _bench.widths(args)
-    samples = global_batch * _bench.DISTINCT_BATCHES
-    x = rng.standard_normal((samples, dims[0]), dtype=np.float32)
-    y = rng.integers(0, dims[-1], samples, dtype=np.int64)
-    loader = run.loader((x, y))
+    samples = spec.batch_for().global_ * _bench.DISTINCT_BATCHES
+    loader = run.loader(synthetic(_bench.widths(args), samples, args.seed))
     total = args.warmup + args.steps
     clock = _bench.Clock()
     loader_s: list[float] = []
