@@ -48,6 +48,7 @@ DEFAULT_MICRO_BATCHES = (1, 2, 4, 8)
 DEFAULT_LAYERS = (1536,) + (1024,) * 8
 """Eight layers, four per stage; the first is wider (see the module's docstring)."""
 DEFAULT_MICRO = 128
+DEFAULT_STEPS = 10
 TIMEOUT_S = 600
 
 
@@ -109,7 +110,7 @@ def summarize(ranks: list[dict[str, Any]], micro_batches: int) -> dict[str, Any]
         "formula": formula,
         "measured": measured,
         "difference": measured - formula,
-        "imbalance_predicted": predicted_from_stage_costs(median_compute, micro_batches),
+        "predicted_from_stage_costs": predicted_from_stage_costs(median_compute, micro_batches),
         "stage_bubbles": [
             statistics.median(step["stage_bubbles"][s] for step in steps) for s in range(len(ranks))
         ],
@@ -133,7 +134,7 @@ def run_bubble(
     micro_batch_counts: tuple[int, ...] = DEFAULT_MICRO_BATCHES,
     layers: tuple[int, ...] = DEFAULT_LAYERS,
     micro: int = DEFAULT_MICRO,
-    steps: int = 5,
+    steps: int = DEFAULT_STEPS,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     results, errors = [], []
@@ -172,7 +173,7 @@ def table(data: dict[str, Any]) -> str:
         f"DeepSpeed pipeline, {model['stages']} stages, MLP {'-'.join(map(str, model['layers']))}, "
         f"micro-batch {model['micro']}, "
         f"median of {model['steps']} steps",
-        f"{'m':>3}{'formula':>9}{'measured':>10}{'diff':>8}{'imbalance':>11}"
+        f"{'m':>3}{'formula':>9}{'measured':>10}{'diff':>8}{'stage costs':>13}"
         f"{'stage bubbles':>16}{'ms/micro per stage':>22}{'window ms':>11}{'step ms':>9}",
     ]
     for case in data["cases"]:
@@ -180,7 +181,7 @@ def table(data: dict[str, Any]) -> str:
         per_micro = " ".join(f"{t:.1f}" for t in case["stage_compute_per_micro_ms"])
         lines.append(
             f"{case['micro_batches']:3d}{case['formula']:9.3f}{case['measured']:10.3f}"
-            f"{case['difference']:+8.3f}{case['imbalance_predicted']:11.3f}{stages:>16}"
+            f"{case['difference']:+8.3f}{case['predicted_from_stage_costs']:13.3f}{stages:>16}"
             f"{per_micro:>22}{case['window_ms']:11.1f}{case['step_ms']:9.1f}"
         )
     for error in data["errors"]:
@@ -202,7 +203,10 @@ def plot(data: dict[str, Any], path: Path) -> Path:
     axis.plot(dense, [planned_bubble(stages, m) for m in dense], "-", label="(p-1)/(m+p-1)")
     axis.plot(counts, [c["measured"] for c in cases], "o", label="measured (mean of stages)")
     axis.plot(
-        counts, [c["imbalance_predicted"] for c in cases], "x", label="predicted from stage costs"
+        counts,
+        [c["predicted_from_stage_costs"] for c in cases],
+        "x",
+        label="predicted from stage costs",
     )
     axis.set_xscale("log", base=2)
     axis.set_xlabel("micro-batches per step (m)")

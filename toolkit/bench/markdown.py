@@ -186,7 +186,7 @@ def bubble_section(data: dict[str, Any], png: str) -> list[str]:
             _f(case["formula"]),
             _f(case["measured"]),
             _f(case["difference"], "+.3f"),
-            _f(case["imbalance_predicted"]),
+            _f(case["predicted_from_stage_costs"]),
             " / ".join(_f(b) for b in case["stage_bubbles"]),
             " / ".join(_f(t, ".1f") for t in case["stage_compute_per_micro_ms"]),
             _f(case["window_ms"], ".1f"),
