@@ -282,6 +282,7 @@ def test_report_command_writes_benchmarks_md(tmp_path: Path) -> None:
         (["bench", "step", "--patch", "no-such-patch"], "--patch 'no-such-patch'"),
         (["bench", "allreduce", "--sweeps", "nothing-matches"], "--sweeps ['nothing-matches']"),
         (["bench", "memory", "--cases", "nothing-matches"], "--cases ['nothing-matches']"),
+        (["bench", "bubble", "--layers", "16,8"], "--layers 16,8: 1 layer cannot fill 2"),
     ],
 )
 def test_cli_refuses_bad_input_in_one_line(

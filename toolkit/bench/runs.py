@@ -187,6 +187,12 @@ def run_bubble(args: argparse.Namespace) -> int:
 
     counts = tuple(sorted(set(args.micro_batches or bubble.DEFAULT_MICRO_BATCHES)))
     layers = args.layers or bubble.DEFAULT_LAYERS
+    if len(layers) - 1 < bubble.STAGES:
+        raise ToolkitError(
+            f"--layers {','.join(map(str, layers))}: {len(layers) - 1} layer cannot fill "
+            f"{bubble.STAGES} pipeline stages",
+            f"give at least {bubble.STAGES + 1} widths, e.g. 64,64,64",
+        )
     micro = args.micro or bubble.DEFAULT_MICRO
     context = record.machine()
     with tempfile.TemporaryDirectory(prefix="toolkit-bench-") as work:

@@ -10,9 +10,10 @@ then polls with a short, growing sleep: a few percent of a core for as long as a
 and at most `LONGEST_PAUSE_S` of extra latency once past the spin. `synchronize` then returns
 at once. Finding: sleeping from the first poll, as this module did before, cost small messages
 half their speed (`toolkit bench allreduce`: 6.2 ms fitted latency against Horovod's 3.5 ms over
-Gloo, 0.5-0.7 of its bus bandwidth below 1 MiB). On a host whose cores are all busy a sleeping
-thread wakes only when the scheduler gets to it, which is milliseconds, not the microseconds
-asked for; a spinning one is still runnable when the operation completes.
+Gloo, 0.5-0.7 of its bus bandwidth below 1 MiB). The likely reason, not measured apart: on a
+host whose cores are all busy a sleeping thread runs again only when the scheduler gets to it,
+which can be milliseconds rather than the microseconds asked for, while a spinning one is
+still runnable when the operation completes.
 """
 
 from __future__ import annotations
