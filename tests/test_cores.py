@@ -3,13 +3,14 @@ the ranks (toolkit.cores)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import pytest
 
 from toolkit.cores import threads_in_rank, threads_per_rank, usable_cores
 from toolkit.render.launchers import LaunchContext, launch_plan
-from toolkit.render.layout import busiest_host, rank_layout
+from toolkit.render.layout import rank_layout, ranks_per_host
 from toolkit.render.mpijob import mpijob_manifest
 from toolkit.render.slurm import sbatch_script
 from toolkit.spec import SpecError, TrainSpec
@@ -81,6 +82,10 @@ def test_threads_must_be_a_positive_count_or_auto(value: Any) -> None:
         {"launcher": "mpirun", "hosts": ["n1:2", "n2:2", "n3:1"], "np": 12},
     ],
 )
-def test_the_busiest_host_is_counted_as_the_layout_places_ranks(launch: dict[str, Any]) -> None:
+def test_ranks_per_host_are_counted_as_the_layout_places_ranks(launch: dict[str, Any]) -> None:
     placed = spec(launch)
-    assert busiest_host(placed) == max(slot.local_size for slot in rank_layout(placed))
+    counts = ranks_per_host(placed)
+    # Counted apart from the layout's own order of nodes, which assigns each rank its host.
+    placed_on = Counter(slot.node for slot in rank_layout(placed))
+    assert counts == [placed_on[node] for node in range(len(counts))]
+    assert max(counts) == max(slot.local_size for slot in rank_layout(placed))

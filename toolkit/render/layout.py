@@ -36,15 +36,24 @@ def job_hosts(spec: TrainSpec) -> tuple[Host, ...]:
     return spec.hosts or (Host(name=LOCALHOST, slots=spec.world_size),)
 
 
+def ranks_per_host(spec: TrainSpec) -> list[int]:
+    """How many ranks each host runs: its slots filled in host order, the ranks beyond all
+    slots dealt round the hosts again, the first hosts first."""
+    filled, left = [], spec.world_size
+    for host in job_hosts(spec):
+        filled.append(min(host.slots, left))
+        left -= filled[-1]
+    extra, first_hosts = divmod(left, len(filled))
+    return [count + extra + (node < first_hosts) for node, count in enumerate(filled)]
+
+
 def rank_layout(spec: TrainSpec) -> list[Slot]:
     """Every rank's host and local rank."""
     hosts = job_hosts(spec)
     nodes = [node for node, host in enumerate(hosts) for _ in range(host.slots)]
     nodes = nodes[: spec.world_size]
     nodes += [extra % len(hosts) for extra in range(spec.world_size - len(nodes))]
-    counts = [0] * len(hosts)
-    for node in nodes:
-        counts[node] += 1
+    counts = ranks_per_host(spec)
     seen = [0] * len(hosts)
     slots = []
     for rank, node in enumerate(nodes):
@@ -70,18 +79,8 @@ def uniform_slots(spec: TrainSpec) -> int | None:
 def rendered_threads(spec: TrainSpec) -> int:
     """OMP_NUM_THREADS for every rank: `launch.threads_per_rank`, with `auto` resolved on this
     machine for its busiest host (toolkit.cores)."""
-    return threads_per_rank(spec.launch.threads_per_rank, busiest_host(spec), usable_cores())
-
-
-def busiest_host(spec: TrainSpec) -> int:
-    """The most ranks `rank_layout` puts on one host, counted without laying out every rank."""
-    slots = [host.slots for host in job_hosts(spec)]
-    filled, left = [], spec.world_size
-    for count in slots:
-        filled.append(min(count, left))
-        left -= filled[-1]
-    extra, hosts = divmod(left, len(slots))
-    return max(count + extra + (node < hosts) for node, count in enumerate(filled))
+    busiest = max(ranks_per_host(spec))
+    return threads_per_rank(spec.launch.threads_per_rank, busiest, usable_cores())
 
 
 def cluster_threads(spec: TrainSpec) -> int:
