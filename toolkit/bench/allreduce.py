@@ -21,10 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from toolkit.bench import stats
-from toolkit.launch.runner import execute, machine_context
+from toolkit.bench.launching import failure, launch_with_spec
 from toolkit.launch.supervisor import free_port
 from toolkit.parity.cases import merge
-from toolkit.render.launchers import launch_plan
 from toolkit.spec import TrainSpec
 
 RANK_PROGRAM = str(Path(__file__).parent / "ranks" / "toolkit_allreduce.py")
@@ -147,20 +146,13 @@ def run_sweeps(
         spec = sweep_spec(sweep, ranks)
         directory = work / f"sweep{index}"
         directory.mkdir(parents=True)
-        spec_file, out = directory / "spec.json", directory / "sweep.json"
-        spec_file.write_text(json.dumps(spec.to_dict()))
-        command = [RANK_PROGRAM, "--spec", str(spec_file), "--paths", ",".join(sweep.series)]
-        command += ["--sizes", ",".join(map(str, sizes)), "--blocks", str(blocks)]
-        command += ["--out", str(out)]
+        out = directory / "sweep.json"
+        args = ["--paths", ",".join(sweep.series), "--sizes", ",".join(map(str, sizes))]
+        args += ["--blocks", str(blocks), "--out", str(out)]
         log(f"{sweep.name}: {', '.join(sweep.series.values())}")
-        result = execute(
-            launch_plan(spec, command, machine_context()),
-            spec,
-            timeout=SWEEP_TIMEOUT_S,
-            echo=False,
-        )
-        if not result.ok or not out.exists():
-            reason = result.report() if not result.ok else "no results written"
+        outcome = launch_with_spec(spec, directory, RANK_PROGRAM, args, timeout=SWEEP_TIMEOUT_S)
+        reason = failure(outcome, wrote=out.exists(), missing="no results written")
+        if reason:
             log(f"  FAILED: {reason.splitlines()[0]}")
             errors.append(f"{sweep.name}: {reason}")
             continue

@@ -35,11 +35,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from toolkit.launch.runner import execute, machine_context
+from toolkit.bench.launching import failure, launch_with_spec
 from toolkit.launch.supervisor import free_port
 from toolkit.parity.cases import merge
 from toolkit.plan.communication import bubble as planned_bubble
-from toolkit.render.launchers import launch_plan
 from toolkit.spec import TrainSpec
 
 PROBE = str(Path(__file__).parent / "ranks" / "bubble_probe.py")
@@ -142,17 +141,16 @@ def run_bubble(
         spec = case_spec(count, micro)
         directory = work / f"bubble-m{count}"
         directory.mkdir(parents=True)
-        spec_file = directory / "spec.json"
-        spec_file.write_text(json.dumps(spec.to_dict()))
-        command = [PROBE, "--spec", str(spec_file), "--layers", ",".join(map(str, layers))]
-        command += ["--steps", str(steps), "--out", str(directory)]
+        args = ["--layers", ",".join(map(str, layers)), "--steps", str(steps)]
         log(f"pipeline {STAGES} stages x {count} micro-batches: measuring")
-        outcome = execute(
-            launch_plan(spec, command, machine_context()), spec, timeout=TIMEOUT_S, echo=False
+        outcome = launch_with_spec(
+            spec, directory, PROBE, [*args, "--out", str(directory)], timeout=TIMEOUT_S
         )
         written = sorted(directory.glob("rank*.json"))
-        if not outcome.ok or len(written) != STAGES:
-            reason = outcome.report() if not outcome.ok else f"{len(written)} ranks wrote results"
+        reason = failure(
+            outcome, wrote=len(written) == STAGES, missing=f"{len(written)} ranks wrote results"
+        )
+        if reason:
             log(f"  FAILED: {reason.splitlines()[0]}")
             errors.append(f"m={count}: {reason}")
             continue

@@ -12,7 +12,8 @@ import json
 from pathlib import Path
 
 from toolkit.bench.cases import StepCase
-from toolkit.bench.step import CaseResult, StepBench, Variant, case_spec
+from toolkit.bench.launching import failure, launch_with_spec
+from toolkit.bench.step import LAUNCH_TIMEOUT_S, CaseResult, StepBench, Variant, case_spec
 
 RANK_PROGRAM = str(Path(__file__).parent / "ranks" / "inprocess_step.py")
 DEFAULT_PATCHES = ("global-loss",)
@@ -27,16 +28,15 @@ class InProcessBench(StepBench):
             self.launches += 1
             directory = self.work / f"launch{self.launches:03d}"
             directory.mkdir(parents=True)
-            out, spec_file = directory / "timings.json", directory / "spec.json"
+            out = directory / "timings.json"
             spec = case_spec(self.user, case)
-            spec_file.write_text(json.dumps(spec.to_dict()))
             args = case.workload.arguments(steps=self.steps, warmup=self.warmup)
             args += [word for name in patches for word in ("--patch", name)]
-            outcome = self._run_plan(
-                spec, [RANK_PROGRAM, "--spec", str(spec_file), *args, "--out", str(out)]
+            outcome = launch_with_spec(
+                spec, directory, RANK_PROGRAM, [*args, "--out", str(out)], timeout=LAUNCH_TIMEOUT_S
             )
-            if not outcome.ok or not out.exists():
-                reason = outcome.report() if not outcome.ok else "no timings written"
+            reason = failure(outcome, wrote=out.exists(), missing="no timings written")
+            if reason:
                 self.log(f"  {case.name} rep {rep}: FAILED {reason.splitlines()[0]}")
                 result.errors.append(f"rep {rep}: {reason}")
                 continue

@@ -24,12 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from toolkit.launch.runner import execute, machine_context
+from toolkit.bench.launching import failure, launch_with_spec
 from toolkit.launch.supervisor import free_port
 from toolkit.parity.cases import merge
 from toolkit.plan.model_facts import ModelFacts
 from toolkit.plan.table import plan_rows
-from toolkit.render.launchers import launch_plan
 from toolkit.spec import TrainSpec
 
 PROBE = str(Path(__file__).parent / "ranks" / "memory_probe.py")
@@ -144,16 +143,12 @@ def run_memory(
         spec = case_spec(case, base or {}, micro)
         directory = work / f"memory{index}"
         directory.mkdir(parents=True)
-        spec_file, out = directory / "spec.json", directory / "memory.json"
-        spec_file.write_text(json.dumps(spec.to_dict()))
-        command = [PROBE, "--spec", str(spec_file), "--layers", ",".join(map(str, layers))]
-        command += ["--out", str(out)]
+        out = directory / "memory.json"
+        args = ["--layers", ",".join(map(str, layers)), "--out", str(out)]
         log(f"{case.name}: measuring")
-        outcome = execute(
-            launch_plan(spec, command, machine_context()), spec, timeout=TIMEOUT_S, echo=False
-        )
-        if not outcome.ok or not out.exists():
-            reason = outcome.report() if not outcome.ok else "no results written"
+        outcome = launch_with_spec(spec, directory, PROBE, args, timeout=TIMEOUT_S)
+        reason = failure(outcome, wrote=out.exists(), missing="no results written")
+        if reason:
             log(f"  FAILED: {reason.splitlines()[0]}")
             errors.append(f"{case.name}: {reason}")
             continue

@@ -30,11 +30,10 @@ import yaml
 from toolkit.bench import stats
 from toolkit.bench.bare import bare_launch, execute_bare
 from toolkit.bench.cases import Native, StepCase, native_for
+from toolkit.bench.launching import failure, launch, launch_with_spec
 from toolkit.errors import ToolkitError
-from toolkit.launch.runner import execute, machine_context
-from toolkit.launch.supervisor import LaunchResult, free_port
+from toolkit.launch.supervisor import free_port
 from toolkit.parity.cases import merge
-from toolkit.render.launchers import launch_plan
 from toolkit.spec import TrainSpec
 
 TOOLKIT_RANK = str(Path(__file__).parent / "ranks" / "toolkit_step.py")
@@ -233,29 +232,24 @@ class StepBench:
         spec = case_spec(self.user, case, variant.setting)
         args = [*case.workload.arguments(steps=self.steps, warmup=self.warmup), "--out", str(out)]
         if variant.kind == "toolkit":
-            spec_file = directory / "spec.json"
-            spec_file.write_text(json.dumps(spec.to_dict()))
-            command = [TOOLKIT_RANK, "--spec", str(spec_file), *args, *variant.extra]
-            outcome = self._run_plan(spec, command)
+            outcome = launch_with_spec(
+                spec, directory, TOOLKIT_RANK, [*args, *variant.extra], timeout=LAUNCH_TIMEOUT_S
+            )
         elif variant.kind == "native":
             command = [str(native.path), *args, *native.matched(spec, directory), *variant.extra]
-            outcome = self._run_plan(spec, command)
+            outcome = launch(spec, command, timeout=LAUNCH_TIMEOUT_S)
         else:
             extra = [*native.defaults(spec, directory), *variant.extra]
-            launch = bare_launch(spec, str(native.path), [*args, *extra])
-            outcome = execute_bare(spec, launch, timeout=LAUNCH_TIMEOUT_S)
-        if not outcome.ok or not out.exists():
-            reason = outcome.report() if not outcome.ok else "no timings written"
+            bare = bare_launch(spec, str(native.path), [*args, *extra])
+            outcome = execute_bare(spec, bare, timeout=LAUNCH_TIMEOUT_S)
+        reason = failure(outcome, wrote=out.exists(), missing="no timings written")
+        if reason:
             self.log(f"  {case.name} rep {rep} {variant.label}: FAILED {reason.splitlines()[0]}")
             return {"error": reason}
         record: dict[str, Any] = json.loads(out.read_text())
         ms = stats.median(record["step_s"]) * 1e3
         self.log(f"  {case.name} rep {rep} {variant.label}: {ms:.1f} ms/step")
         return record
-
-    def _run_plan(self, spec: TrainSpec, command: list[str]) -> LaunchResult:
-        plan = launch_plan(spec, command, machine_context())
-        return execute(plan, spec, timeout=LAUNCH_TIMEOUT_S, echo=False)
 
 
 def log_stderr(line: str) -> None:
