@@ -83,6 +83,21 @@ def test_variants_put_native_first_and_add_what_is_asked() -> None:
     ]
 
 
+def test_floor_is_a_variant_of_its_own_and_splits_the_global_batch_evenly() -> None:
+    floor = variants_for(vs_defaults=False, patches=[], candidates=[], floor=True)[-1]
+    assert (floor.label, floor.kind) == ("floor", "floor")
+    # DDP: 64 samples on each of 2 ranks; the pipeline's 4 x 32 over 2 stages is 64 per rank.
+    assert cases.floor_workload(Workload(), 2).micro == 64
+    assert cases.floor_workload(cases.PIPELINE_WORKLOAD, 1).micro == 64
+    assert cases.floor_workload(cases.PIPELINE_WORKLOAD, 1).micro_batches == 1
+    scripts = {
+        case.name: cases.floor_for(case_spec(TrainSpec(), case)).name for case in cases.CASES
+    }
+    assert scripts["ddp/torchrun"] == "floor_torch.py"
+    assert scripts["horovod-tf-mpi/horovodrun"] == "floor_tf.py"
+    assert all(cases.NATIVE_DIR.joinpath(name).is_file() for name in scripts.values())
+
+
 def test_settings_become_native_variants_with_their_spec() -> None:
     (variant,) = variants_for(
         vs_defaults=False, patches=[], candidates=[], settings=["horovod.cycle_time_ms=0.1"]
@@ -192,6 +207,8 @@ def _step_data() -> dict:
                 "p10_ratio_to_baseline": {"toolkit": spread, "native-again": spread},
                 "cpu_ratio_to_baseline": {"toolkit": spread, "native-again": spread},
                 "toolkit_over_defaults": None,
+                "toolkit_over_floor": spread,
+                "floor_parts_ms": {"compute": 40.0, "move": 3.5},
                 "errors": [],
             }
         ],
@@ -257,6 +274,8 @@ def test_reports_write_tables_pngs_and_markdown(tmp_path: Path) -> None:
     assert "![bubble](docs/bench/bubble.png)" in text
     assert "## Findings" in text and "(docs/bench/step.png)" in text
     assert "| ddp/torchrun | 60.0 | 61.0 | 60.5 |" in text
+    assert "toolkit / floor" in text and "| 40.0 + 3.5 |" in text
+    assert "floor = compute + move" in step_report.table(step)
     assert "![allreduce](docs/bench/allreduce.png)" in text
     titles = [line for line in text.splitlines() if line.startswith("### Step")]
     assert titles == [

@@ -25,13 +25,16 @@ def test_bench_step_tiny(tmp_path: Path, no_orphans: None) -> None:
     spec.write_text("backend: ddp\n")
     out = tmp_path / "out"
     argv = ["bench", "step", "--spec", str(spec), "--reps", "1", "--steps", "2", "--warmup", "1"]
-    assert main([*argv, "--layers", "16,8,4", "--micro", "4", "--out", str(out)]) == 0
+    argv += ["--floor", "--layers", "16,8,4", "--micro", "4", "--out", str(out)]
+    assert main(argv) == 0
     data = json.loads((out / "step.json").read_text())
     (case,) = data["cases"]
     assert case["errors"] == []
-    assert set(case["median_ms"]) == {"native", "toolkit", "native-again"}
+    assert set(case["median_ms"]) == {"native", "toolkit", "native-again", "floor"}
     assert all(math.isfinite(ms) and ms > 0 for ms in case["median_ms"].values())
     assert math.isfinite(case["ratio_to_baseline"]["toolkit"]["median"])
+    assert math.isfinite(case["toolkit_over_floor"]["median"])
+    assert all(ms > 0 for ms in case["floor_parts_ms"].values())
     assert data["workloads"][case["case"]]["layers"] == [16, 8, 4]
     assert (out / "step.png").read_bytes()[:8] == PNG_SIGNATURE
 

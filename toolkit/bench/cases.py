@@ -11,6 +11,7 @@ chooses everything else.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -97,6 +98,24 @@ NATIVE: dict[tuple[str, str], Native] = {
         toggles=("--host-copy", "--torch-optimizer"),
     ),
 }
+
+
+FLOOR_SCRIPTS = {"torch": "floor_torch.py", "tensorflow": "floor_tf.py"}
+"""The physical floor of each framework's step: its compute alone, then the gradient bytes
+moved once (toolkit/bench/native/_floor.py)."""
+
+
+def floor_for(spec: TrainSpec) -> Path:
+    return NATIVE_DIR / FLOOR_SCRIPTS[spec.framework_name]
+
+
+def floor_workload(workload: Workload, data_parallel: int) -> Workload:
+    """One rank's even share of the global batch, as one micro-batch of the whole model: the
+    floor splits a pipeline's work over its stages as it splits data over data-parallel ranks
+    (2 stages × 4 micro-batches of 32 is 64 samples per rank, as DDP's 64 per rank)."""
+    global_batch = workload.micro * workload.micro_batches * data_parallel
+    share = max(1, global_batch // workload.ranks)
+    return dataclasses.replace(workload, micro=share, micro_batches=1)
 
 
 def native_for(spec: TrainSpec) -> Native:

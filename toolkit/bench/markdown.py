@@ -52,13 +52,22 @@ def step_section(data: dict[str, Any], title: str, png: str) -> list[str]:
         labels += [label for label in case["median_ms"] if label not in labels]
     head = ["case", *(f"{label} ms" for label in labels)]
     head += [f"{label} / native" for label in labels[1:]]
-    has_defaults = any(case.get("toolkit_over_defaults") for case in data["cases"])
-    head += ["toolkit / defaults"] if has_defaults else []
+    others = [
+        other
+        for other in ("defaults", "floor")
+        if any(case.get(f"toolkit_over_{other}") for case in data["cases"])
+    ]
+    head += [f"toolkit / {other}" for other in others]
+    has_floor = "floor" in others
+    head += ["floor compute + move ms"] if has_floor else []
     rows = []
     for case in data["cases"]:
         row = [case["case"], *(_f(case["median_ms"].get(label), ".1f") for label in labels)]
         row += [_ratio(case["ratio_to_baseline"].get(label)) for label in labels[1:]]
-        row += [_ratio(case.get("toolkit_over_defaults"))] if has_defaults else []
+        row += [_ratio(case.get(f"toolkit_over_{other}")) for other in others]
+        if has_floor:
+            parts = case.get("floor_parts_ms") or {}
+            row.append(f"{_f(parts.get('compute'), '.1f')} + {_f(parts.get('move'), '.1f')}")
         rows.append(row)
     lines = [f"### {title}", "", _machine(data), ""]
     lines.append(
@@ -220,6 +229,7 @@ STEP_TITLES = {
     "step-in-process": "Step: toolkit vs native in the same processes (the adapter's cost)",
     "step": "Step: toolkit vs native, launch by launch (and the engines' own defaults)",
     "step-vs-defaults": "Step: toolkit vs the engines' own defaults, launch by launch",
+    "step-floor": "Step: toolkit vs the physical floor, launch by launch",
 }
 # A stem with one of these prefixes is shown after the fixed ones, titled "<words>: <rest>": a
 # candidate's run, a setting's, or more engines measured in process in a run of their own.

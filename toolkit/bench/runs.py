@@ -18,6 +18,7 @@ def _step_command(args: argparse.Namespace) -> str:
     words = ["toolkit", "bench", "step", "--spec", args.spec]
     words += ["--all"] if args.all else []
     words += ["--vs-defaults"] if args.vs_defaults else []
+    words += ["--floor"] if args.floor else []
     words += ["--in-process"] if args.in_process else []
     words += ["--reps", str(args.reps), "--steps", str(args.steps), "--warmup", str(args.warmup)]
     words += ["--cases", *args.cases] if args.cases else []
@@ -76,15 +77,17 @@ def run_step(args: argparse.Namespace) -> int:
         patches=patches,
         candidates=args.candidate,
         settings=args.setting,
+        floor=args.floor,
     )
     context = record.machine()
     out = Path(args.out)
     runner = StepBench
     if args.in_process:
-        if args.candidate or args.setting or args.vs_defaults:
+        if args.candidate or args.setting or args.vs_defaults or args.floor:
             raise ToolkitError(
                 "--in-process compares native and toolkit steps (and --patch variants) in the "
-                "same processes; --candidate, --setting and --vs-defaults compare launches",
+                "same processes; --candidate, --setting, --vs-defaults and --floor compare "
+                "launches",
                 "run those without --in-process",
             )
         from toolkit.bench.inprocess import InProcessBench
@@ -230,6 +233,10 @@ def run_report(args: argparse.Namespace) -> int:
     return 0
 
 
+FLOOR_CASES = ("ddp", "horovod-torch-mpi", "tf-mwms", "horovod-tf-mpi")
+"""The fastest torch and TF engines here (BENCHMARKS.md), measured against the physical floor."""
+
+
 def run_all(args: argparse.Namespace) -> int:
     """What BENCHMARKS.md shows, each through the CLI itself so the JSON records its command."""
     from toolkit.cli import main
@@ -239,6 +246,7 @@ def run_all(args: argparse.Namespace) -> int:
     runs = [
         [*step, "--in-process", "--name", "step-in-process", *out],
         [*step, "--vs-defaults", *out],
+        [*step, "--floor", "--name", "step-floor", "--cases", *FLOOR_CASES, *out],
         ["bench", "allreduce", "--full", *out],
         ["bench", "memory", *out],
         ["bench", "bubble", *out],

@@ -10,6 +10,9 @@ variant always runs first or last while other jobs come and go:
 - `toolkit`: the same step through `toolkit.init`/`run.train_step`, the same plan.
 - `native-again`: native once more, for the A/A noise floor (native / native in the same run).
 - `toolkit+PATCH` (with --patch) and `native+FLAG` (with --candidate): one candidate cost each.
+- `floor` (with --floor): the physical floor, every rank's compute alone with no engine, then
+  its gradient bytes moved once at memory speed (toolkit/bench/native/_floor.py), under the same
+  launcher; `toolkit / floor` is how far the toolkit's step is from what the machine allows.
 
 A launch's figure is the median of its per-step times on rank 0; ratios are taken between
 launches of the same repetition (see toolkit.bench.stats).
@@ -18,6 +21,7 @@ launches of the same repetition (see toolkit.bench.stats).
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -29,11 +33,12 @@ import yaml
 
 from toolkit.bench import stats
 from toolkit.bench.bare import bare_launch, execute_bare
-from toolkit.bench.cases import Native, StepCase, native_for
+from toolkit.bench.cases import Native, StepCase, floor_for, floor_workload, native_for
 from toolkit.bench.launching import failure, launch, launch_with_spec
 from toolkit.errors import ToolkitError
 from toolkit.launch.supervisor import free_port
 from toolkit.parity.cases import merge
+from toolkit.render.layout import rendered_threads
 from toolkit.spec import TrainSpec
 
 TOOLKIT_RANK = str(Path(__file__).parent / "ranks" / "toolkit_step.py")
@@ -44,7 +49,7 @@ LAUNCH_TIMEOUT_S = 600
 class Variant:
     label: str
     kind: str
-    """native | defaults | toolkit"""
+    """native | defaults | toolkit | floor"""
     extra: tuple[str, ...] = ()
     """--patch NAME for toolkit, candidate flags for native."""
     setting: dict[str, Any] = field(default_factory=dict)
@@ -74,6 +79,8 @@ class CaseResult:
     figures: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     """figure -> variant -> that figure of each repetition's launch (NaN when it failed)."""
     loader_ms: list[float] = field(default_factory=list)
+    floor_parts_ms: dict[str, list[float]] = field(default_factory=dict)
+    """The floor's median compute and move per launch (`compute`, `move`)."""
     settings: dict[str, Any] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
@@ -102,10 +109,18 @@ class CaseResult:
         base = ms[over or self.baseline]
         return {label: stats.spread(stats.ratios(ms[label], base)) for label in self.variants[1:]}
 
+    def add_floor_parts(self, record: dict[str, Any]) -> None:
+        for part in ("compute", "move"):
+            seconds = record.get(f"{part}_s") or [math.nan]
+            self.floor_parts_ms.setdefault(part, []).append(stats.median(seconds) * 1e3)
+
+    def toolkit_over(self, label: str) -> dict[str, Any] | None:
+        """toolkit / `label` launch by launch, when that variant ran."""
+        if label not in self.variants:
+            return None
+        return self.ratios("median", over=label)["toolkit"].to_json()
+
     def to_json(self) -> dict[str, Any]:
-        defaults = None
-        if "defaults" in self.variants:
-            defaults = self.ratios("median", over="defaults")["toolkit"].to_json()
         return {
             "case": self.name,
             "spec": self.spec,
@@ -119,7 +134,9 @@ class CaseResult:
                 else {}
             ),
             "cpu_ratio_to_baseline": {k: v.to_json() for k, v in self.ratios("cpu").items()},
-            "toolkit_over_defaults": defaults,
+            "toolkit_over_defaults": self.toolkit_over("defaults"),
+            "toolkit_over_floor": self.toolkit_over("floor"),
+            "floor_parts_ms": {part: stats.median(ms) for part, ms in self.floor_parts_ms.items()},
             "toolkit_loader_ms": stats.median(self.loader_ms),
             "settings": self.settings,
             "errors": self.errors,
@@ -132,14 +149,17 @@ def variants_for(
     patches: list[str],
     candidates: list[str],
     settings: Sequence[str] = (),
+    floor: bool = False,
 ) -> list[Variant]:
     """native first (every ratio's denominator), toolkit, native again (A/A); with vs_defaults
-    the engine at its own defaults too; then one variant per patch, candidate flag and
-    setting."""
+    the engine at its own defaults too, with floor the physical floor; then one variant per
+    patch, candidate flag and setting."""
     found = [Variant("native", "native"), Variant("toolkit", "toolkit")]
     found.append(Variant("native-again", "native"))
     if vs_defaults:
         found.append(Variant("defaults", "defaults"))
+    if floor:
+        found.append(Variant("floor", "floor"))
     found += [Variant(f"toolkit+{p}", "toolkit", ("--patch", p)) for p in patches]
     found += [Variant(f"native+{flag.lstrip('-')}", "native", (flag,)) for flag in candidates]
     found += [Variant(f"native@{text}", "native", (), parse_setting(text)) for text in settings]
@@ -220,6 +240,8 @@ class StepBench:
                     continue
                 if variant.kind == "toolkit" and not variant.extra:
                     result.loader_ms.append(stats.median(record.get("loader_s", [])) * 1e3)
+                if variant.kind == "floor":
+                    result.add_floor_parts(record)
                 result.settings.setdefault(variant.label, record.get("settings", {}))
         return result
 
@@ -237,6 +259,11 @@ class StepBench:
             )
         elif variant.kind == "native":
             command = [str(native.path), *args, *native.matched(spec, directory), *variant.extra]
+            outcome = launch(spec, command, timeout=LAUNCH_TIMEOUT_S)
+        elif variant.kind == "floor":
+            share = floor_workload(case.workload, case.workload.ranks // spec.pipeline.stages)
+            command = [str(floor_for(spec)), *share.arguments(steps=self.steps, warmup=self.warmup)]
+            command += ["--out", str(out), "--threads", str(rendered_threads(spec))]
             outcome = launch(spec, command, timeout=LAUNCH_TIMEOUT_S)
         else:
             extra = [*native.defaults(spec, directory), *variant.extra]

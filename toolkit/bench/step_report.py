@@ -41,13 +41,21 @@ def table(data: dict[str, Any]) -> str:
                 f"{name:32} {label:26} {_fmt(ms, '.1f'):>8} {cells} {p10:>8} {p10_ratio:>10}"
                 f" {cpu:>10}"
             )
-        over = case.get("toolkit_over_defaults")
-        if over:
+        for other in ("defaults", "floor"):
+            over = case.get(f"toolkit_over_{other}")
+            if not over:
+                continue
             ci = f"[{_fmt(over['ci_low'], '.3f')}, {_fmt(over['ci_high'], '.3f')}]"
             span = f"{_fmt(over['low'], '.3f')}..{_fmt(over['high'], '.3f')}"
             lines.append(
-                f"{'':32} {'toolkit / defaults':26} {'':>8} {_fmt(over['median'], '.3f'):>10} "
+                f"{'':32} {'toolkit / ' + other:26} {'':>8} {_fmt(over['median'], '.3f'):>10} "
                 f"{ci:>20} {span:>14}"
+            )
+        parts = case.get("floor_parts_ms")
+        if parts:
+            lines.append(
+                f"{'':32} {'floor = compute + move':26} "
+                f"{_fmt(parts['compute'], '.1f')} + {_fmt(parts['move'], '.1f')} ms"
             )
         for error in case["errors"]:
             lines.append(f"{'':32} error: {error.splitlines()[0]}")

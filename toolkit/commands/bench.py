@@ -1,7 +1,8 @@
 """`toolkit bench step|allreduce|memory|report`: measurements on this machine, as JSON and PNG.
 
-- `step --spec FILE [--all] [--reps N] [--steps N] [--vs-defaults]`: the toolkit's training step
-  against the same engine's native script, started by the same launcher, interleaved.
+- `step --spec FILE [--all] [--reps N] [--steps N] [--vs-defaults] [--floor]`: the toolkit's
+  training step against the same engine's native script, started by the same launcher,
+  interleaved; beside the engine's own defaults, and beside the machine's physical floor.
 - `allreduce [--sizes ...]`: allreduce bus bandwidth through the toolkit and each raw path, with
   memcpy measured in the same run as the physical limit.
 - `memory --spec FILE`: `toolkit plan`'s per-rank memory against real CPU runs.
@@ -73,6 +74,12 @@ def register(subparsers: Any) -> None:
         "--vs-defaults",
         action="store_true",
         help="also run the native script with the engine's own defaults (toolkit / defaults)",
+    )
+    step.add_argument(
+        "--floor",
+        action="store_true",
+        help="also run the physical floor: each rank's compute with no engine, then its "
+        "gradient bytes moved once at memory speed (toolkit / floor)",
     )
     step.add_argument(
         "--in-process",

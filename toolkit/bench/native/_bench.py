@@ -111,11 +111,14 @@ def write(
     world: int,
     clock: Clock,
     loss: float,
+    measures: dict[str, Any] | None = None,
     **settings: Any,
 ) -> None:
+    """Rank 0's record; `measures` are figures beside the step times (the floor's parts)."""
     if rank != 0:
         return
     record = {
+        **(measures or {}),
         "step_s": clock.wall,
         "cpu_s": clock.cpu,
         "loss": loss,

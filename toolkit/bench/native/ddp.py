@@ -7,6 +7,8 @@ with momentum.
 
 from __future__ import annotations
 
+import gc
+
 import _bench
 import torch
 import torch.distributed as dist
@@ -14,7 +16,7 @@ from _torch_model import mlp
 from torch.nn.parallel import DistributedDataParallel
 
 
-def main() -> None:
+def run() -> None:
     parser = _bench.parser(__doc__ or "")
     parser.add_argument("--bucket-cap-mb", type=float, default=25.0, help="torch's default 25")
     parser.add_argument("--gradient-as-bucket-view", action="store_true")
@@ -48,7 +50,16 @@ def main() -> None:
     inputs = data if args.host_copy else [tuple(torch.from_numpy(a) for a in b) for b in data]
     clock, loss = _bench.time_steps(step, inputs, args)
     _bench.write(args, rank, world, clock, loss, engine="ddp")
+    # After the timed steps, the end toolkit.backends.torch_common.release_process_groups gives
+    # the toolkit's runs: the DDP wrapper holds the group, whose gloo threads may otherwise
+    # abort the interpreter's exit ("terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
+
+
+def main() -> None:
+    run()
+    gc.collect()  # the DDP wrapper and the groups it holds, gone with run()'s frame
 
 
 if __name__ == "__main__":

@@ -1,0 +1,44 @@
+"""What both floor scripts share: which rank this process is, and the move of the gradient bytes.
+
+The physical floor of a data-parallel step (issue 13) is one rank's compute plus moving its
+gradients once at memory speed. With 2 ranks over shared memory an allreduce must at least bring
+each rank the peer's share of the sum, about the gradient bytes once; a single-threaded copy of
+that many bytes between two buffers already in memory is the cheapest way to move them. The
+floor launches every rank of the job at once, each on its share of the global batch, so the
+cores and the memory bus are as busy as in the engines' runs; no rank talks to another.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import numpy as np
+
+RANK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "HOROVOD_RANK", "PMI_RANK", "SLURM_PROCID")
+"""Where the launchers the bench uses put a process's rank (torchrun and deepspeed; mpirun and
+horovodrun --mpi; horovodrun --gloo; other MPIs; srun). TF's workers have it in TF_CONFIG."""
+
+
+def launcher_rank() -> int:
+    for name in RANK_VARIABLES:
+        if name in os.environ:
+            return int(os.environ[name])
+    config = os.environ.get("TF_CONFIG")
+    return int(json.loads(config)["task"]["index"]) if config else 0
+
+
+class GradientMove:
+    """A single-threaded copy of `parameters` float32 values between two buffers, both touched
+    first so that no page fault is timed."""
+
+    def __init__(self, parameters: int) -> None:
+        self.source = np.ones(parameters, dtype=np.float32)
+        self.target = np.zeros(parameters, dtype=np.float32)
+        self.seconds: list[float] = []
+
+    def __call__(self) -> None:
+        start = time.perf_counter()
+        np.copyto(self.target, self.source)
+        self.seconds.append(time.perf_counter() - start)

@@ -1,0 +1,58 @@
+"""The physical floor of a PyTorch data-parallel step: the bench's MLP, forward, backward and
+SGD with momentum on this rank's samples, with no engine and no communication, then the
+gradient bytes moved once at memory speed (see _floor.py). Started by the same launcher as the
+engines' runs, every rank at once; rank 0 writes the timings, with compute and move apart.
+
+    torchrun --nproc-per-node 2 floor_torch.py --threads 1 --out timings.json
+"""
+
+from __future__ import annotations
+
+import time
+
+import _bench
+import _floor
+import torch
+from _torch_model import mlp
+
+
+def main() -> None:
+    args = _bench.parse(_bench.parser(__doc__ or ""))
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rank = _floor.launcher_rank()
+    torch.manual_seed(args.seed)
+    model = mlp(_bench.widths(args))
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    move = _floor.GradientMove(sum(p.numel() for p in model.parameters()))
+    compute_s: list[float] = []
+
+    def step(batch: tuple) -> torch.Tensor:
+        start = time.perf_counter()
+        inputs, labels = batch
+        optimizer.zero_grad()
+        loss = loss_fn(model(inputs), labels)
+        loss.backward()
+        optimizer.step()
+        compute_s.append(time.perf_counter() - start)
+        move()
+        return loss.detach()
+
+    data = [tuple(torch.from_numpy(a) for a in b) for b in _bench.batches(args, rank)]
+    clock, loss = _bench.time_steps(step, data, args)
+    timed = slice(args.warmup, None)
+    _bench.write(
+        args,
+        rank,
+        1,
+        clock,
+        loss,
+        {"compute_s": compute_s[timed], "move_s": move.seconds[timed]},
+        engine="floor-torch",
+        move_bytes=move.source.nbytes,
+    )
+
+
+if __name__ == "__main__":
+    main()
