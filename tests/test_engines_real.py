@@ -86,6 +86,21 @@ CELLS: dict[str, list[str]] = {
         PYTHON,
         *launcher_decides("horovod_controller_from_launcher"),
     ],
+    "horovod_controller_from_launcher-horovodrun": [
+        str(BIN / "horovodrun"),
+        *("-np", "2", "-H", "localhost:2", PYTHON),
+        *launcher_decides("horovod_controller_from_launcher"),
+    ],
+    "horovod_controller_from_machine-toolkit_launch_horovodrun": [
+        *(
+            str(BIN / "toolkit"),
+            "launch",
+            "--spec",
+            str(TEST_SPECS / "horovod_controller_from_machine.yaml"),
+        ),
+        "--",
+        *launcher_decides("horovod_controller_from_machine"),
+    ],
     # TensorFlow: Horovod and tf.distribute
     "horovod_tf-horovodrun_gloo": [*horovodrun("gloo"), *tf_args("horovod_tf")],
     "horovod_tf-mpirun": [*mpirun(), PYTHON, *tf_args("horovod_tf")],
@@ -103,6 +118,7 @@ CELLS: dict[str, list[str]] = {
 SUBSET = [
     "ddp-torchrun",
     "horovod_controller_from_launcher-mpirun",
+    "horovod_controller_from_machine-toolkit_launch_horovodrun",
     "zero2-deepspeed",
     "zero3-mpirun",
     "pipeline_ranks_from_launcher-deepspeed",

@@ -44,7 +44,7 @@ SINGLE_HOST_LAUNCHERS = ("local", "torchrun", "mpirun", "horovodrun", "deepspeed
 WAITING_CPU_BOUND = 0.5
 """Share of a core a rank waiting on a stopped peer may use; spinning is 0.7-1.0."""
 BUSY_POLLING = {("horovod-torch", "mpirun"), ("horovod-tf", "mpirun")}
-"""Horovod's controller follows the launcher: MPI under mpirun, whose waits poll."""
+"""Horovod's MPI controller, whose waits poll: under mpirun (`write_spec`)."""
 
 # engine label -> the example spec it starts from
 ENGINE_SPECS = {
@@ -85,7 +85,13 @@ def write_spec(label: str, launcher: str, directory: Path) -> Path:
     spec = base_spec(label)
     spec["launch"] = {"launcher": launcher, "np": 2, "master_port": free_port()}
     spec["timeouts"] = {"stall_s": STALL_SECONDS, "collective_s": 600}
-    spec.get("horovod", {}).pop("controller", None)  # follows the launcher
+    if "horovod" in spec:
+        # Under mpirun the controller follows the launcher (MPI). Under horovodrun it would
+        # follow the machine (MPI where Horovod has it), whose waits are Open MPI's, covered
+        # under mpirun; Gloo's are the toolkit's own (toolkit.backends.horovod.waiting).
+        spec["horovod"].pop("controller", None)
+        if launcher == "horovodrun":
+            spec["horovod"]["controller"] = "gloo"
     if "tf" in spec:
         spec["tf"]["port"] = free_port()
     path = directory / "spec.yaml"

@@ -270,8 +270,9 @@ def environment_refusal(backend: str, framework: str | None, environment: str) -
 
 def controllers_under(launcher: str) -> tuple[Controller, ...]:
     """Controllers an engine with a choice can use under `launcher`, its default first: under
-    an MPI launcher the ranks are MPI processes (mpi only); horovodrun starts Gloo's rendezvous
-    by default and runs MPI on request."""
+    an MPI launcher the ranks are MPI processes (mpi only); horovodrun runs either, and given
+    neither --gloo nor --mpi it runs MPI when Horovod was built with it, which only the machine
+    can tell (toolkit.launch.machine_settings): gloo, the choice without MPI, stands first."""
     return ("mpi",) if launcher in MPI_LAUNCHERS else ("gloo", "mpi")
 
 

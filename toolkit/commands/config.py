@@ -20,6 +20,7 @@ import yaml
 
 from toolkit.commands._output import add_output, add_spec, emit, positive_ranks
 from toolkit.errors import ToolkitError
+from toolkit.launch.machine_settings import for_this_machine
 from toolkit.render import horovod, tf
 from toolkit.render.deepspeed import deepspeed_config
 from toolkit.render.hostfile import hostfile
@@ -45,7 +46,7 @@ def _deepspeed(args: argparse.Namespace) -> str:
 
 
 def _horovod(args: argparse.Namespace) -> str:
-    spec = load_spec(args.spec)
+    spec = for_this_machine(load_spec(args.spec))
     if args.env:
         return "\n".join(f"{name}={value}" for name, value in horovod.environment(spec).items())
     return yaml.safe_dump(horovod.config_file(spec), sort_keys=False)

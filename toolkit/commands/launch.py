@@ -27,6 +27,7 @@ from toolkit.backends.registry import check_launcher
 from toolkit.commands._output import add_spec
 from toolkit.errors import ToolkitError
 from toolkit.launch.heartbeat import INTERVAL
+from toolkit.launch.machine_settings import for_this_machine
 from toolkit.launch.outcome import EXIT_STATUS_HELP
 from toolkit.launch.runner import execute, machine_context
 from toolkit.launch.slurm import allocation_tasks
@@ -102,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
     stall_timeout = seconds("--stall-timeout", args.stall_timeout, minimum=2 * INTERVAL)
     spec = within_allocation(load_spec(args.spec), os.environ)
     check_launcher(spec.backend, spec.framework_name, spec.launcher)
+    spec = for_this_machine(spec)
     plan = launch_plan(spec, args.command, machine_context())
     if args.dry_run:
         print(json.dumps(dataclasses.asdict(plan), indent=2) if args.json else format_plan(plan))

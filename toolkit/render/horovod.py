@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from toolkit.engines import Controller
 from toolkit.spec import TrainSpec
 
 MIB = 1024 * 1024
@@ -36,9 +37,10 @@ def config_file(spec: TrainSpec) -> dict[str, Any]:
     return data
 
 
-def environment(spec: TrainSpec) -> dict[str, str]:
-    """HOROVOD_* variables with the same settings, for ranks started without horovodrun."""
-    hvd = spec.horovod
+def environment(spec: TrainSpec, controller: Controller | None = None) -> dict[str, str]:
+    """HOROVOD_* variables with the same settings, for ranks started without horovodrun; with
+    `controller`, for ranks a launcher started for that controller, whatever the spec says."""
+    hvd = spec.horovod if controller is None else spec.horovod.running(controller)
     env = {
         "HOROVOD_CONTROLLER": hvd.controller,
         "HOROVOD_CPU_OPERATIONS": hvd.controller,

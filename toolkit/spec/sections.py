@@ -327,8 +327,9 @@ class HorovodSpec(Section):
     controller_setting: Controller | None = Field(
         default=None,
         alias="controller",
-        description="Who coordinates the ranks: gloo or mpi; null = the launcher's (mpi under "
-        "mpirun and srun, gloo under horovodrun).",
+        description="Who coordinates the ranks: gloo or mpi; null = the launcher's: mpi under "
+        "mpirun and srun; under horovodrun what horovodrun itself picks, mpi when Horovod was "
+        "built with MPI, else gloo.",
     )
     fusion_threshold_mb: int = Field(
         default=64,
@@ -366,7 +367,10 @@ class HorovodSpec(Section):
     )
 
     _launcher_controller: Controller = PrivateAttr("gloo")
-    """The controller the spec's launcher implies; set by TrainSpec (`with_launcher`)."""
+    """The controller the spec's launcher implies; set by TrainSpec (`with_launcher`). Under
+    horovodrun that depends on the Horovod build of the machine that launches: the spec says
+    gloo (horovodrun's choice for a Horovod without MPI), and `toolkit launch` and
+    `toolkit config` resolve it for their machine (toolkit.launch.machine_settings)."""
 
     @property
     def controller(self) -> Controller:
@@ -387,6 +391,10 @@ class HorovodSpec(Section):
         if self.cycle_time_ms is not None:
             return self.cycle_time_ms
         return GLOO_CYCLE_TIME_MS if self.controller == "gloo" else HOROVOD_CYCLE_TIME_MS
+
+    def running(self, controller: Controller) -> HorovodSpec:
+        """A copy under `controller`, the one a launcher started the ranks for."""
+        return self.model_copy(update={"controller_setting": controller})
 
     def with_launcher(self, controller: Controller) -> HorovodSpec:
         """A copy whose unset controller follows a launcher that implies `controller`."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
+from toolkit.engines import Controller
 from toolkit.errors import ToolkitError
 from toolkit.launch.environment import LaunchEnvironment
 from toolkit.render import horovod as render_horovod
@@ -15,21 +16,21 @@ def export_environment(spec: TrainSpec, env: LaunchEnvironment) -> None:
     """Set HOROVOD_* from the spec before hvd.init(), whichever launcher started the ranks.
 
     horovodrun already passes the same settings as flags; setting them again here is what makes
-    plain `mpirun` runs use the spec's fusion, cycle time and cache too. Under mpirun there is no
-    Gloo rendezvous server, so the controller is necessarily MPI whatever the spec says: that
-    changes who coordinates, not the math.
+    plain `mpirun` runs use the spec's fusion, cycle time and cache too. The controller is the
+    one the launcher started the ranks for, whatever the spec says: ranks that see horovodrun's
+    variables were started by `horovodrun --gloo` (its MPI mode sets none, its ranks are plain
+    MPI processes), and any other launcher has no Gloo rendezvous server, so MPI. That changes
+    who coordinates, not the math; a written controller that disagrees gets a warning.
     """
-    settings = render_horovod.environment(spec)
-    if env.launcher != "horovodrun":
-        written = spec.horovod.controller_setting
-        if written is not None and written != "mpi" and env.rank == 0 and env.world_size > 1:
-            print(
-                f"toolkit: horovod.controller={written!r} needs horovodrun; "
-                f"under {env.launcher} Horovod uses its MPI controller",
-                file=sys.stderr,
-            )
-        settings["HOROVOD_CONTROLLER"] = "mpi"
-        settings["HOROVOD_CPU_OPERATIONS"] = "mpi"
+    running: Controller = "gloo" if env.launcher == "horovodrun" else "mpi"
+    written = spec.horovod.controller_setting
+    if written is not None and written != running and env.rank == 0 and env.world_size > 1:
+        print(
+            f"toolkit: horovod.controller={written!r}, but {env.launcher} started the ranks "
+            f"for the {running} controller; Horovod uses {running}",
+            file=sys.stderr,
+        )
+    settings = render_horovod.environment(spec, running)
     # A dead or stalled peer ends the job after the spec's collective timeout: Gloo's operations
     # give up then, and Horovod's stall inspector shuts down ranks still waiting for a peer's
     # tensors (its check runs at half that period, so it warns before it shuts down).
