@@ -74,6 +74,9 @@ def plot(data: dict[str, Any], path: Path) -> Path:
     labels = [label for label in cases[0]["ratio_to_baseline"]] if cases else []
     fig, ax = plt.subplots(figsize=(8, 0.6 * max(len(cases), 1) * max(len(labels), 1) / 2 + 1.5))
     offsets = {label: (i - (len(labels) - 1) / 2) * 0.18 for i, label in enumerate(labels)}
+    # One colour per variant on every row; tab10's grey (C7) is kept for the A/A variant.
+    palette = [f"C{i}" for i in range(10) if i != 7]
+    colours = {label: palette[i % len(palette)] for i, label in enumerate(labels)}
     for row, case in enumerate(cases):
         for label, ratio in case["ratio_to_baseline"].items():
             if not math.isfinite(ratio["median"]):
@@ -84,7 +87,7 @@ def plot(data: dict[str, Any], path: Path) -> Path:
                 row + offsets.get(label, 0.0),
                 xerr=[[ratio["median"] - ratio["low"]], [ratio["high"] - ratio["median"]]],
                 fmt="o",
-                color="grey" if grey else None,
+                color="grey" if grey else colours.get(label),
                 label=label if row == 0 else None,
                 capsize=3,
             )

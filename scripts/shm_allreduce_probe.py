@@ -1,0 +1,69 @@
+"""Probe: DeepSpeed's shared-memory allreduce against torch's Gloo, in the same 2 processes.
+
+Not part of the bench (the toolkit's DeepSpeed backend turns DeepSpeed's shm_comm op off, see
+toolkit/backends/deepspeed/backend.py, so a toolkit rank cannot time it): the evidence for one
+route below the physical floor's gap (docs/bench/findings.md). `deepspeed.comm.
+inference_all_reduce` on the CPU accelerator sums through a shared-memory segment of the
+ranks of one host (the shm_comm op that scripts/setup.sh builds); `all_reduce` goes through
+torch.distributed's Gloo over loopback TCP. Rank 0 prints one JSON line: per size, the median
+of 10 timed calls (after 3 untimed) in ms and the algorithm bandwidth in GB/s, and whether
+both sums were right.
+
+    .venv/bin/deepspeed --num_gpus 2 scripts/shm_allreduce_probe.py
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable
+
+import deepspeed
+import deepspeed.comm as dist
+import torch
+
+SIZES_MIB = (1, 4, 25, 64)
+"""25 MiB: the gradients of the bench's MLP (6.3 M parameters, fp32)."""
+
+
+def timed(call: Callable[[torch.Tensor], object], tensor: torch.Tensor) -> float:
+    for _ in range(3):
+        call(tensor)
+    seconds = []
+    for _ in range(10):
+        dist.barrier()
+        start = time.perf_counter()
+        call(tensor)
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    deepspeed.init_distributed(dist_backend="gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    paths: dict[str, Callable[[torch.Tensor], object]] = {
+        "gloo": dist.all_reduce,
+        "shm": dist.inference_all_reduce,
+    }
+    results: dict[str, dict[str, float | bool]] = {}
+    for mib in SIZES_MIB:
+        elements = mib * (1 << 20) // 4
+        for name, call in paths.items():
+            seconds = timed(call, torch.ones(elements))
+            check = torch.full((elements,), float(rank + 1))
+            call(check)
+            results[f"{name} {mib} MiB"] = {
+                "ms": round(seconds * 1e3, 2),
+                "algbw_gbs": round(mib * (1 << 20) / seconds / 1e9, 2),
+                "sum_right": bool(torch.all(check == world * (world + 1) / 2)),
+            }
+    if rank == 0:
+        print(json.dumps(results))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
