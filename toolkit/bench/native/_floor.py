@@ -10,10 +10,14 @@ cores and the memory bus are as busy as in the engines' runs; no rank talks to a
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import time
+from collections.abc import Callable
+from typing import Any
 
+import _bench
 import numpy as np
 
 RANK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "HOROVOD_RANK", "PMI_RANK", "SLURM_PROCID")
@@ -42,3 +46,29 @@ class GradientMove:
         start = time.perf_counter()
         np.copyto(self.target, self.source)
         self.seconds.append(time.perf_counter() - start)
+
+
+class FloorStep:
+    """A framework's compute step, timed apart from the gradient move that follows it."""
+
+    def __init__(self, compute: Callable[[Any], Any], parameters: int) -> None:
+        self.compute = compute
+        self.move = GradientMove(parameters)
+        self.compute_seconds: list[float] = []
+
+    def __call__(self, batch: Any) -> Any:
+        start = time.perf_counter()
+        loss = self.compute(batch)
+        self.compute_seconds.append(time.perf_counter() - start)
+        self.move()
+        return loss
+
+    def write(
+        self, args: argparse.Namespace, rank: int, clock: _bench.Clock, loss: float, engine: str
+    ) -> None:
+        """Rank 0's record: whole steps, and the timed steps' compute and move apart."""
+        timed = slice(args.warmup, None)
+        parts = {"compute_s": self.compute_seconds[timed], "move_s": self.move.seconds[timed]}
+        _bench.write(
+            args, rank, 1, clock, loss, parts, engine=engine, move_bytes=self.move.source.nbytes
+        )

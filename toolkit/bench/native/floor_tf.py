@@ -8,7 +8,7 @@ the same launcher as the engines' runs, every rank at once; rank 0 writes the ti
 
 from __future__ import annotations
 
-import time
+from typing import Any
 
 import _bench
 import _floor
@@ -26,8 +26,6 @@ def main() -> None:
     model = mlp(_bench.widths(args))
     optimizer = tf.keras.optimizers.SGD(learning_rate=args.lr, momentum=args.momentum)
     loss_object = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    move = _floor.GradientMove(sum(int(tf.size(v)) for v in model.trainable_variables))
-    compute_s: list[float] = []
 
     @tf.function
     def train_step(inputs: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
@@ -37,26 +35,14 @@ def main() -> None:
         optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         return loss
 
-    def step(batch: tuple[tf.Tensor, tf.Tensor]) -> tf.Tensor:
-        start = time.perf_counter()
-        loss = train_step(*batch).numpy()
-        compute_s.append(time.perf_counter() - start)
-        move()
-        return loss
+    def compute(batch: tuple[tf.Tensor, tf.Tensor]) -> Any:
+        return train_step(*batch).numpy()  # .numpy(): the step has finished before the move
 
+    parameters = sum(int(tf.size(v)) for v in model.trainable_variables)
+    step = _floor.FloorStep(compute, parameters)
     data = [tuple(tf.constant(a) for a in b) for b in _bench.batches(args, rank)]
     clock, loss = _bench.time_steps(step, data, args)
-    timed = slice(args.warmup, None)
-    _bench.write(
-        args,
-        rank,
-        1,
-        clock,
-        loss,
-        {"compute_s": compute_s[timed], "move_s": move.seconds[timed]},
-        engine="floor-tf",
-        move_bytes=move.source.nbytes,
-    )
+    step.write(args, rank, clock, loss, engine="floor-tf")
 
 
 if __name__ == "__main__":

@@ -8,8 +8,6 @@ engines' runs, every rank at once; rank 0 writes the timings, with compute and m
 
 from __future__ import annotations
 
-import time
-
 import _bench
 import _floor
 import torch
@@ -25,33 +23,19 @@ def main() -> None:
     model = mlp(_bench.widths(args))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     loss_fn = torch.nn.CrossEntropyLoss()
-    move = _floor.GradientMove(sum(p.numel() for p in model.parameters()))
-    compute_s: list[float] = []
 
-    def step(batch: tuple) -> torch.Tensor:
-        start = time.perf_counter()
+    def compute(batch: tuple) -> torch.Tensor:
         inputs, labels = batch
         optimizer.zero_grad()
         loss = loss_fn(model(inputs), labels)
         loss.backward()
         optimizer.step()
-        compute_s.append(time.perf_counter() - start)
-        move()
         return loss.detach()
 
+    step = _floor.FloorStep(compute, sum(p.numel() for p in model.parameters()))
     data = [tuple(torch.from_numpy(a) for a in b) for b in _bench.batches(args, rank)]
     clock, loss = _bench.time_steps(step, data, args)
-    timed = slice(args.warmup, None)
-    _bench.write(
-        args,
-        rank,
-        1,
-        clock,
-        loss,
-        {"compute_s": compute_s[timed], "move_s": move.seconds[timed]},
-        engine="floor-torch",
-        move_bytes=move.source.nbytes,
-    )
+    step.write(args, rank, clock, loss, engine="floor-torch")
 
 
 if __name__ == "__main__":
