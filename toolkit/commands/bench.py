@@ -156,7 +156,7 @@ def register(subparsers: Any) -> None:
     report.set_defaults(func=_run("run_report"))
 
     everything = commands.add_parser(
-        "all", help="every benchmark BENCHMARKS.md shows, then the report (about an hour)"
+        "all", help="every benchmark BENCHMARKS.md shows, then the report (about 80 minutes)"
     )
     add_spec(everything)
     everything.add_argument("--dir", default="docs/bench", help="where results go")
