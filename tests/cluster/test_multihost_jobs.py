@@ -56,6 +56,9 @@ FULL = [
     ("ddp/torchrun:mlp:adamw", "local"),
     ("ddp/torchrun:mlp:adamw", "mpirun"),
     ("horovod/mpirun:mlp:adamw", None),
+    # horovodrun's MPI mode across hosts: what a spec without a controller runs where Horovod
+    # has MPI (toolkit/launch/machine_settings.py).
+    ("horovod/mpirun:mlp:adamw", "horovodrun"),
     ("zero3/deepspeed:mlp:adamw", None),
     ("pipeline2/deepspeed:mlp:adamw", None),
     ("horovod-tf/horovodrun-gloo:mlp:adamw", None),
