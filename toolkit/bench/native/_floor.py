@@ -6,13 +6,17 @@ each rank the peer's share of the sum, about the gradient bytes once; a single-t
 that many bytes between two buffers already in memory is the cheapest way to move them. The
 floor launches every rank of the job at once, each on its share of the global batch, so the
 cores and the memory bus are as busy as in the engines' runs; no rank talks to another.
+
+Unlike the engines' native scripts, the floor is the toolkit's own measurement: a rank learns
+its place from the toolkit's launcher detection (toolkit.launch.environment), which knows every
+launcher's variables, the toolkit's local launcher's included.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,17 +24,11 @@ from typing import Any
 import _bench
 import numpy as np
 
-RANK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "HOROVOD_RANK", "PMI_RANK", "SLURM_PROCID")
-"""Where the launchers the bench uses put a process's rank (torchrun and deepspeed; mpirun and
-horovodrun --mpi; horovodrun --gloo; other MPIs; srun). TF's workers have it in TF_CONFIG."""
+from toolkit.launch.environment import detect_environment
 
 
 def launcher_rank() -> int:
-    for name in RANK_VARIABLES:
-        if name in os.environ:
-            return int(os.environ[name])
-    config = os.environ.get("TF_CONFIG")
-    return int(json.loads(config)["task"]["index"]) if config else 0
+    return detect_environment(os.environ, sys.argv).rank
 
 
 class GradientMove:
