@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from toolkit import __version__
+from toolkit.cache import cache_directory
 from toolkit.errors import ToolkitError
 
 COMMANDS = {
@@ -88,8 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def crash_directory() -> Path:
     """Where crash reports go: ~/.cache/toolkit/logs (XDG_CACHE_HOME honoured)."""
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache, "toolkit", "logs")
+    return cache_directory() / "logs"
 
 
 def write_crash_report(argv: Sequence[str]) -> str:

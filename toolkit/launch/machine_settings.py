@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 from toolkit import engines
+from toolkit.cache import cache_directory
 from toolkit.engines import Controller
 from toolkit.launch.executables import find_launcher
 from toolkit.spec import TrainSpec
@@ -59,7 +60,7 @@ def horovod_built_with_mpi() -> bool:
     key = _build_identity()
     if key is None:
         return False
-    cache = _cache_path()
+    cache = cache_directory() / CACHE_NAME
     try:
         cached = json.loads(cache.read_text())
         if cached.get("key") == key:
@@ -104,8 +105,3 @@ def _ask_horovod() -> bool:
         return False
     lines = done.stdout.split()
     return done.returncode == 0 and bool(lines) and lines[-1] == "1"
-
-
-def _cache_path() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base, "toolkit", CACHE_NAME)
