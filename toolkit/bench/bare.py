@@ -19,9 +19,10 @@ from dataclasses import dataclass
 
 from toolkit.errors import ToolkitError
 from toolkit.launch.executables import find_launcher
-from toolkit.launch.runner import machine_context
+from toolkit.launch.machine_settings import for_this_machine
+from toolkit.launch.runner import launch_plan_here
 from toolkit.launch.supervisor import LaunchResult, run_launcher, run_local
-from toolkit.render.launchers import base_env, launch_plan
+from toolkit.render.launchers import base_env
 from toolkit.spec import TrainSpec
 
 
@@ -68,7 +69,7 @@ def _deepspeed(spec: TrainSpec, script: str, args: list[str]) -> BareLaunch:
 
 def _local(spec: TrainSpec, script: str, args: list[str]) -> BareLaunch:
     program = _python(script, args)
-    plan = launch_plan(spec, program, machine_context())
+    plan = launch_plan_here(spec, program)
     toolkit_settings = base_env(spec)
     rank_envs = [
         {name: value for name, value in rank.env.items() if name not in toolkit_settings}
@@ -94,7 +95,7 @@ def bare_launch(spec: TrainSpec, script: str, args: list[str]) -> BareLaunch:
             f"(it has {', '.join(BARE)})",
             "run --vs-defaults with one of those launchers",
         )
-    return builder(spec, script, args)
+    return builder(for_this_machine(spec), script, args)
 
 
 def clean_environment(spec: TrainSpec, env: Mapping[str, str]) -> dict[str, str]:

@@ -6,17 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from toolkit.launch.machine_settings import for_this_machine
-from toolkit.launch.runner import execute, machine_context
+from toolkit.launch.runner import execute, launch_plan_here
 from toolkit.launch.supervisor import LaunchResult
-from toolkit.render.launchers import launch_plan
 from toolkit.spec import TrainSpec
 
 
 def launch(spec: TrainSpec, command: list[str], *, timeout: float) -> LaunchResult:
     """`command` (a program and its arguments) as the spec's launcher runs it."""
-    spec = for_this_machine(spec)
-    return execute(launch_plan(spec, command, machine_context()), spec, timeout=timeout, echo=False)
+    return execute(launch_plan_here(spec, command), spec, timeout=timeout, echo=False)
 
 
 def launch_with_spec(

@@ -27,12 +27,11 @@ from toolkit.backends.registry import check_launcher
 from toolkit.commands._output import add_spec
 from toolkit.errors import ToolkitError
 from toolkit.launch.heartbeat import INTERVAL
-from toolkit.launch.machine_settings import for_this_machine
 from toolkit.launch.outcome import EXIT_STATUS_HELP
-from toolkit.launch.runner import execute, machine_context
+from toolkit.launch.runner import execute, launch_plan_here
 from toolkit.launch.slurm import allocation_tasks
 from toolkit.launch.supervisor import DEFAULT_STALL_SECONDS
-from toolkit.render.launchers import LaunchPlan, launch_plan
+from toolkit.render.launchers import LaunchPlan
 from toolkit.spec import TrainSpec, load_spec
 
 
@@ -103,8 +102,7 @@ def run(args: argparse.Namespace) -> int:
     stall_timeout = seconds("--stall-timeout", args.stall_timeout, minimum=2 * INTERVAL)
     spec = within_allocation(load_spec(args.spec), os.environ)
     check_launcher(spec.backend, spec.framework_name, spec.launcher)
-    spec = for_this_machine(spec)
-    plan = launch_plan(spec, args.command, machine_context())
+    plan = launch_plan_here(spec, args.command)
     if args.dry_run:
         print(json.dumps(dataclasses.asdict(plan), indent=2) if args.json else format_plan(plan))
         return 0

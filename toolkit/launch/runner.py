@@ -16,11 +16,12 @@ import psutil
 from toolkit import engines
 from toolkit.errors import ToolkitError
 from toolkit.launch.executables import find_launcher
+from toolkit.launch.machine_settings import for_this_machine
 from toolkit.launch.outcome import LaunchResult
 from toolkit.launch.remote import RemoteHosts, check_hosts
 from toolkit.launch.supervisor import DEFAULT_STALL_SECONDS, LOOPBACK, run_launcher, run_local
 from toolkit.rank_variables import SUPERVISOR_VARIABLES
-from toolkit.render.launchers import LaunchContext, LaunchPlan
+from toolkit.render.launchers import LaunchContext, LaunchPlan, launch_plan
 from toolkit.spec import TrainSpec
 from toolkit.spec.hosts import LOCAL_NAMES
 
@@ -34,6 +35,12 @@ def machine_context() -> LaunchContext:
         python=sys.executable,
         forward=SUPERVISOR_VARIABLES,
     )
+
+
+def launch_plan_here(spec: TrainSpec, command: list[str]) -> LaunchPlan:
+    """`spec`'s launch plan on this machine: its machine-dependent unset settings resolved
+    (toolkit.launch.machine_settings) and this machine's facts given to the renderers."""
+    return launch_plan(for_this_machine(spec), command, machine_context())
 
 
 def execute(

@@ -17,11 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from toolkit.launch.runner import execute, machine_context
+from toolkit.launch.runner import execute, launch_plan_here
 from toolkit.launch.supervisor import run_launcher
 from toolkit.parity.cases import STEPS, Case, merge
 from toolkit.ports import free_port
-from toolkit.render.launchers import launch_plan
 from toolkit.spec import TrainSpec
 
 WORKER = str(Path(__file__).with_name("worker.py"))
@@ -184,7 +183,7 @@ class Harness:
         ports = {"launch": {"master_port": free_port()}, "tf": {"port": free_port()}}
         spec = self._write_spec(merge(case.spec, ports), spec_file)
         out = directory / "run"
-        plan = launch_plan(spec, self._worker_args(spec_file, case.arch, out), machine_context())
+        plan = launch_plan_here(spec, self._worker_args(spec_file, case.arch, out))
         result = execute(plan, spec, timeout=CASE_TIMEOUT_S, echo=False)
         if not result.ok:
             raise RuntimeError(result.report())
