@@ -53,6 +53,7 @@ from toolkit.checkpoint import CheckpointState, write_checkpoint
 from toolkit.cli import main
 from toolkit.errors import ToolkitError
 from toolkit.launch.supervisor import free_port
+from toolkit.ports import free_port_range
 from toolkit.schedule import lr_ratio
 from toolkit.sharding import epoch_order
 from toolkit.spec import TrainSpec, load_spec
@@ -107,7 +108,7 @@ def engine_spec(directory: Path, name: str, changes: dict[str, Any]) -> Path:
             data[key] = value
     data["launch"]["master_port"] = free_port()
     if "port" in data.get("tf", {}):
-        data["tf"]["port"] = free_port()
+        data["tf"]["port"] = free_port_range(data["launch"]["np"])
     path = directory / f"gpt_{name}.yaml"
     path.write_text(yaml.safe_dump(data))
     return path

@@ -32,7 +32,7 @@ import yaml
 from tests.realrun import SPECS, rank_env
 from tests.supervised import CONTRACT_SECONDS, gone, start_training_job, wait_for_ranks
 from toolkit.engines import engine
-from toolkit.ports import free_port
+from toolkit.ports import free_port, free_port_range
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.usefixtures("no_orphans")]
 
@@ -93,7 +93,7 @@ def write_spec(label: str, launcher: str, directory: Path) -> Path:
         if launcher == "horovodrun":
             spec["horovod"]["controller"] = "gloo"
     if "tf" in spec:
-        spec["tf"]["port"] = free_port()
+        spec["tf"]["port"] = free_port_range(2)
     path = directory / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path

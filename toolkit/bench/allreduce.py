@@ -24,6 +24,7 @@ from toolkit.bench import stats
 from toolkit.bench.launching import failure, launch_with_spec
 from toolkit.launch.supervisor import free_port
 from toolkit.parity.cases import merge
+from toolkit.ports import free_port_range
 from toolkit.spec import TrainSpec
 
 RANK_PROGRAM = str(Path(__file__).parent / "ranks" / "toolkit_allreduce.py")
@@ -103,7 +104,7 @@ def sweep_spec(sweep: Sweep, ranks: int) -> TrainSpec:
         sweep.spec,
         {
             "launch": {"np": ranks, "threads_per_rank": 1, "master_port": free_port()},
-            "tf": {"port": free_port()},
+            "tf": {"port": free_port_range(ranks)},
         },
     )
     return TrainSpec.from_dict(data)

@@ -29,6 +29,7 @@ from toolkit.launch.supervisor import free_port
 from toolkit.parity.cases import merge
 from toolkit.plan.model_facts import ModelFacts
 from toolkit.plan.table import plan_rows
+from toolkit.ports import free_port_range
 from toolkit.spec import TrainSpec
 
 PROBE = str(Path(__file__).parent / "ranks" / "memory_probe.py")
@@ -90,7 +91,7 @@ def case_spec(case: MemoryCase, base: dict[str, Any], micro: int) -> TrainSpec:
         {
             "batch": {"global": micro * 2, "micro": micro, "accumulation": None},
             "launch": {"np": 2, "threads_per_rank": 1, "master_port": free_port()},
-            "tf": {"port": free_port()},
+            "tf": {"port": free_port_range(2)},
         },
     )
     return TrainSpec.from_dict(data)

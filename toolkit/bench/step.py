@@ -38,6 +38,7 @@ from toolkit.bench.launching import failure, launch, launch_with_spec
 from toolkit.errors import ToolkitError
 from toolkit.launch.supervisor import free_port
 from toolkit.parity.cases import merge
+from toolkit.ports import free_port_range
 from toolkit.render.layout import rendered_threads
 from toolkit.spec import TrainSpec
 
@@ -191,7 +192,7 @@ def case_spec(user: TrainSpec, case: StepCase, setting: dict[str, Any] | None = 
         data,
         {
             "launch": {"hosts": [], "hostfile": None, "master_port": free_port()},
-            "tf": {"port": free_port()},
+            "tf": {"port": free_port_range(case.workload.ranks)},
         },
     )
     return TrainSpec.from_dict(data)

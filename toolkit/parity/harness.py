@@ -20,7 +20,7 @@ import numpy as np
 from toolkit.launch.runner import execute, launch_plan_here
 from toolkit.launch.supervisor import run_launcher
 from toolkit.parity.cases import STEPS, Case, merge
-from toolkit.ports import free_port
+from toolkit.ports import free_port, free_port_range
 from toolkit.spec import TrainSpec
 
 WORKER = str(Path(__file__).with_name("worker.py"))
@@ -180,7 +180,8 @@ class Harness:
     def _run_engine(self, case: Case, directory: Path) -> RunFiles:
         spec_file = directory / "spec.json"
         # Fresh ports per case: back-to-back jobs on fixed ports can meet a socket of the last.
-        ports = {"launch": {"master_port": free_port()}, "tf": {"port": free_port()}}
+        ranks = TrainSpec.from_dict(case.spec).world_size
+        ports = {"launch": {"master_port": free_port()}, "tf": {"port": free_port_range(ranks)}}
         spec = self._write_spec(merge(case.spec, ports), spec_file)
         out = directory / "run"
         plan = launch_plan_here(spec, self._worker_args(spec_file, case.arch, out))
