@@ -38,6 +38,7 @@ OffloadDevice = Literal["none", "cpu", "nvme"]
 HorovodCompression = Literal["none", "fp16"]
 HorovodOp = Literal["average", "sum", "adasum"]
 TfCommunication = Literal["ring", "nccl", "auto"]
+DdpAllreduce = Literal["auto", "gloo", "shared_memory"]
 MultinodeLauncher = Literal["pdsh", "openmpi", "mvapich", "slurm"]
 
 PathText = Annotated[str, Text("a path", "write a non-empty path on one line")]
@@ -298,8 +299,10 @@ class PipelineSpec(Section):
 
 
 class DdpSpec(Section):
-    """torch DistributedDataParallel's gradient buckets. Neither setting changes the math: the
-    same sums are all-reduced and divided by the same world size, bucket by bucket."""
+    """torch DistributedDataParallel's gradient buckets and how they are summed. None of these
+    settings changes the math: the same gradients are divided by the same world size and
+    summed, bucket by bucket; with more than 2 ranks the transports add in different orders,
+    which changes the rounding only."""
 
     bucket_cap_mb: float = Field(
         default=25.0,
@@ -313,6 +316,13 @@ class DdpSpec(Section):
         description="Gradients are views into the buckets (torch's default is false): no "
         "copy into the bucket before each all-reduce and back after it, and one copy of the "
         "gradients fewer in memory.",
+    )
+    allreduce: DdpAllreduce = Field(
+        default="auto",
+        description="How a bucket is summed across ranks. gloo: torch's process group, over "
+        "TCP. shared_memory: through /dev/shm, for ranks on one x86-64 host (the toolkit's "
+        "comm hook; 25 MB in a few ms against Gloo's 20). auto: shared_memory wherever it can "
+        "run, else gloo.",
     )
 
 

@@ -81,9 +81,12 @@ def _issues(
                 yield replace(issue, path=path, written=texts.get(path, issue.written))
             continue
         path = loc_path(loc) or "spec"
-        if detail["type"] == "invalid_key" and loc[-1:] != ("[key]",):
+        # An unknown key ends the location as written, even one the user spelt "[key]", which
+        # elsewhere is pydantic's marker for a mapping's key.
+        unknown_key = detail["type"] == "extra_forbidden"
+        if unknown_key or (detail["type"] == "invalid_key" and loc[-1:] != ("[key]",)):
             path = join_path(loc_path(loc[:-1]), str(loc[-1]))  # a key of the model itself
-        if loc[-1:] == ("[key]",):  # a mapping's key, not its value, is wrong
+        elif loc[-1:] == ("[key]",):  # a mapping's key, not its value, is wrong
             yield SpecIssue(
                 path=path,
                 value=detail.get("input"),

@@ -4,6 +4,9 @@ Accumulation uses DDP's own `no_sync()`: gradients of all but the last micro-bat
 and the last backward all-reduces the sum. Each micro-batch's loss is divided by the number of
 micro-batches, and DDP averages over ranks, so the step's gradient is the global-batch mean.
 
+Buckets are summed through shared memory when every rank is on one host (`ddp.allreduce`,
+toolkit/backends/ddp/shared_memory.py), through Gloo otherwise.
+
 Evaluation runs the unwrapped module: DDP's own forward would broadcast buffers, a collective
 that evaluation does not need.
 """
@@ -23,6 +26,7 @@ from toolkit.backends import torch_batches as batches
 from toolkit.backends import torch_common as common
 from toolkit.backends import torch_state
 from toolkit.backends.base import Backend, LossFn, MetricFn, MicroBatch, StateShare
+from toolkit.backends.ddp import shared_memory
 from toolkit.backends.torch_data import TorchData
 from toolkit.checkpoint import CheckpointState
 
@@ -53,6 +57,18 @@ class DDPBackend(common.TorchCollectives, TorchData, Backend):
             bucket_cap_mb=self.spec.ddp.bucket_cap_mb,
             gradient_as_bucket_view=self.spec.ddp.gradient_as_bucket_view,
         )
+        transport = shared_memory.resolve(
+            self.spec.ddp.allreduce,
+            world_size=self.env.world_size,
+            local_world_size=self.env.local_world_size,
+        )
+        if transport == "shared_memory":
+            state = shared_memory.SharedMemoryAllreduce(
+                rank=self.env.rank,
+                world_size=self.env.world_size,
+                timeout_s=self.spec.timeouts.collective_s,
+            )
+            self.model.register_comm_hook(state, shared_memory.comm_hook)
         lr = self.spec.effective_lr(self.env.world_size)
         self.optimizer = optimizer or common.build_optimizer(self.model.parameters(), self.spec, lr)
         self.scheduler = common.lr_scheduler(self.optimizer, self.spec)

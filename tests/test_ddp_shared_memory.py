@@ -1,0 +1,145 @@
+"""DDP's shared-memory allreduce (toolkit/backends/ddp/shared_memory.py): which transport a job
+gets, and the sums themselves in real processes against Gloo's, chunk boundaries and dtypes
+included; a peer that never arrives is a named error within the timeout; /dev/shm is left as
+it was found."""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from toolkit.backends.ddp import shared_memory
+from toolkit.backends.ddp.shared_memory import SLOT_BYTES, SharedMemoryAllreduce, resolve
+from toolkit.errors import ToolkitError
+from toolkit.ports import free_port
+
+ON_X86_64 = platform.machine().lower() in ("x86_64", "amd64") and os.path.isdir("/dev/shm")
+
+
+@pytest.mark.parametrize(
+    ("choice", "world", "local", "expected"),
+    [
+        ("auto", 2, 2, "shared_memory"),
+        ("auto", 4, 2, "gloo"),
+        ("auto", 1, 1, "gloo"),
+        ("gloo", 2, 2, "gloo"),
+        ("shared_memory", 3, 3, "shared_memory"),
+    ],
+)
+def test_which_transport_a_job_gets(
+    monkeypatch: pytest.MonkeyPatch, choice: str, world: int, local: int, expected: str
+) -> None:
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(os.path, "isdir", lambda path: path == "/dev/shm")
+    assert resolve(choice, world_size=world, local_world_size=local) == expected  # type: ignore[arg-type]
+
+
+def test_auto_keeps_gloo_where_the_barrier_would_be_unsafe(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    assert resolve("auto", world_size=2, local_world_size=2) == "gloo"
+
+
+@pytest.mark.parametrize(
+    ("world", "local", "machine", "reason"),
+    [
+        (4, 2, "x86_64", "2 of the job's 4 ranks are on this host"),
+        (2, 2, "aarch64", "this is aarch64"),
+        (1, 1, "x86_64", "the job has one rank"),
+    ],
+)
+def test_shared_memory_written_where_it_cannot_run_is_one_clear_error(
+    monkeypatch: pytest.MonkeyPatch, world: int, local: int, machine: str, reason: str
+) -> None:
+    monkeypatch.setattr(platform, "machine", lambda: machine)
+    with pytest.raises(ToolkitError) as caught:
+        resolve("shared_memory", world_size=world, local_world_size=local)
+    message = str(caught.value)
+    assert message.startswith("ddp.allreduce: 'shared_memory' cannot run here")
+    assert reason in message and "allowed here: gloo, auto" in message and "\n" not in message
+
+
+SIZES = (1, 7, SLOT_BYTES // 4 - 1, SLOT_BYTES // 4 + 13, 3 * SLOT_BYTES // 4 + 5)
+DTYPES = (torch.float32, torch.float64, torch.bfloat16)
+
+
+def _compare_with_gloo(rank: int, world: int, port: int, results: Path) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    transport = SharedMemoryAllreduce(rank=rank, world_size=world, timeout_s=60)
+    lines = []
+    for dtype in DTYPES:
+        for size in SIZES:
+            generator = torch.Generator().manual_seed(1000 * rank + size)
+            mine = torch.randn(size, generator=generator, dtype=torch.float64).to(dtype)
+            reference = mine / world  # DDP's own hook: divide, then sum through Gloo
+            dist.all_reduce(reference)
+            ours = transport.allreduce_mean_(mine.clone())
+            gathered = [torch.empty_like(ours) for _ in range(world)]
+            dist.all_gather(gathered, ours)
+            same_on_every_rank = all(torch.equal(gathered[0], other) for other in gathered)
+            bitwise = torch.equal(ours, reference)
+            # Another order of additions: a few roundings of values of order 1 apart
+            eps = torch.finfo(dtype).eps
+            close = torch.allclose(ours.double(), reference.double(), rtol=8 * eps, atol=8 * eps)
+            lines.append(f"{dtype} {size} {same_on_every_rank} {bitwise} {close}")
+    (results / f"rank{rank}.txt").write_text("\n".join(lines))
+    dist.destroy_process_group()
+
+
+def _segments() -> set[str]:
+    return {name for name in os.listdir("/dev/shm") if name.startswith("toolkit-ddp-")}
+
+
+@pytest.mark.multiproc
+@pytest.mark.skipif(not ON_X86_64, reason="the shared-memory transport runs on x86-64 only")
+@pytest.mark.parametrize("world", [2, 3])
+def test_sums_match_gloo_and_every_rank_reads_the_same(world: int, tmp_path: Path) -> None:
+    before = _segments()
+    mp.spawn(_compare_with_gloo, args=(world, free_port(), tmp_path), nprocs=world)
+    for rank in range(world):
+        rows = [line.split() for line in (tmp_path / f"rank{rank}.txt").read_text().splitlines()]
+        assert len(rows) == len(SIZES) * len(DTYPES)
+        for dtype, size, same, bitwise, close in rows:
+            assert same == "True", f"ranks disagree: {dtype} x {size}"
+            assert close == "True", f"not Gloo's sum: {dtype} x {size}"
+            # 2 ranks: a/2 + b/2 is the same in either order, so Gloo's bits exactly
+            assert world != 2 or bitwise == "True", f"not Gloo's bits: {dtype} x {size}"
+    assert _segments() == before, "a segment was left in /dev/shm"
+
+
+def _wait_for_absent_peer(rank: int, port: int, results: Path) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    transport = SharedMemoryAllreduce(rank=rank, world_size=2, timeout_s=3)
+    if rank == 0:
+        start = time.monotonic()
+        try:
+            transport.allreduce_mean_(torch.ones(10))
+        except ToolkitError as error:
+            (results / "error.txt").write_text(f"{time.monotonic() - start:.2f}\n{error}")
+    else:
+        time.sleep(6)  # alive, never arrives: a stalled peer
+
+
+@pytest.mark.multiproc
+@pytest.mark.skipif(not ON_X86_64, reason="the shared-memory transport runs on x86-64 only")
+def test_a_peer_that_never_arrives_is_named_within_the_timeout(tmp_path: Path) -> None:
+    mp.spawn(_wait_for_absent_peer, args=(free_port(), tmp_path), nprocs=2)
+    waited, message = (tmp_path / "error.txt").read_text().split("\n", 1)
+    assert 3 <= float(waited) < 3 + 5, waited  # the timeout, with a generous contract bound
+    assert "rank(s) [1]" in message and "timeouts.collective_s" in message
+    assert "\n" not in message
+
+
+def test_the_hook_is_the_signature_ddp_accepts() -> None:
+    """DDP rejects a hook whose annotations are strings (a module with postponed annotations)."""
+    annotations = shared_memory.comm_hook.__annotations__
+    assert annotations["bucket"] is dist.GradBucket
+    assert annotations["return"] == torch.futures.Future[torch.Tensor]

@@ -1,0 +1,187 @@
+"""DDP's gradient allreduce through shared memory, for ranks that share one host.
+
+Why: torch's Gloo moves a 25 MB bucket between two processes of one host at about 1 GB/s over
+loopback TCP (20.8 ms; docs/bench/allreduce.json), and DDP's step was 1.69x the physical floor of
+issue 13, most of the excess being Gloo. The same bytes through /dev/shm take a few ms: the
+MLP's DDP step went from 64.6 to 50.7 ms, with every parameter bit the same
+(docs/bench/findings.md).
+
+How: one segment per job in /dev/shm holds a flag per rank and two sets of `world` slots of
+SLOT_BYTES each. A bucket goes through in chunks of one slot; for each chunk:
+
+1. each rank writes its chunk, divided by the world size, into its slot. DDP's own hook divides
+   each rank's gradient before summing; dividing first keeps every bit of that;
+2. barrier;
+3. rank r sums its 1/world share of the chunk over every slot, in slot order, into slot 0;
+4. barrier;
+5. every rank copies the whole summed chunk from slot 0 into its bucket.
+
+Every rank reads the same sums, so the replicas stay bitwise equal. With 2 ranks the sums are
+Gloo's to the bit (a/2 + b/2 in either order); with more, the order of the additions differs from
+Gloo's ring, which changes the rounding only.
+
+Consecutive chunks alternate between the two slot sets. A rank that writes chunk g+1 cannot
+overwrite sums a slower peer is still copying from chunk g; writing into chunk g's set again
+(at chunk g+2) needs chunk g+1's first barrier, which that peer reaches only after its copy.
+
+The barrier is a generation counter per rank, on its own cache line: a rank stores its count,
+then waits until every count has reached it. Stores and loads are ordinary ones, which is
+correct under x86-64's total store order (a peer that sees the count also sees the data written
+before it); other architectures need fences Python cannot issue, so `resolve` picks Gloo there.
+A peer that does not arrive within the collective timeout fails the step with an error that
+names it, so a dead or stalled rank ends the job instead of hanging it.
+
+The segment's file is unlinked as soon as every rank has mapped it: nothing is left in /dev/shm
+when the job ends, however it ends.
+"""
+
+# No `from __future__ import annotations` here: DDP's register_comm_hook compares comm_hook's
+# annotations with dist.GradBucket and Future[Tensor] themselves and rejects strings.
+
+import mmap
+import os
+import platform
+import socket
+import tempfile
+import time
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from toolkit.errors import ToolkitError
+from toolkit.spec.sections import DdpAllreduce
+
+Transport = Literal["gloo", "shared_memory"]
+
+SHM_DIRECTORY = "/dev/shm"
+SLOT_BYTES = 4 << 20
+"""One chunk: 4 MiB, so two slot sets of 2 ranks take 32 MiB of /dev/shm (Docker's default
+/dev/shm is 64 MiB). 256 KiB to 16 MiB chunks stepped within 1 ms of each other here."""
+FLAG_STRIDE = 8
+"""int64 counts per flag: one 64-byte cache line each, so ranks do not share a line."""
+SPIN_SECONDS = 0.002
+"""How long a waiting rank polls before it starts sleeping between polls. Ranks in step meet
+within this; a rank that waits longer (a slow or stopped peer) must not hold a core."""
+LONGEST_PAUSE_SECONDS = 0.001
+"""Sleeps between polls double up to this: the few percent of a core a long wait costs."""
+
+_X86_64 = ("x86_64", "amd64")
+
+
+def resolve(choice: DdpAllreduce, *, world_size: int, local_world_size: int) -> Transport:
+    """The transport a job uses: `auto` is shared memory when every rank is on this host, the
+    host is x86-64 and has /dev/shm, and the job has more than one rank; else Gloo. An explicit
+    `shared_memory` the job cannot use is an error, not a quiet fall-back."""
+    obstacle = _obstacle(world_size=world_size, local_world_size=local_world_size)
+    if choice == "gloo" or (choice == "auto" and obstacle):
+        return "gloo"
+    if obstacle:
+        raise ToolkitError(
+            f"ddp.allreduce: 'shared_memory' cannot run here: {obstacle}; allowed here: "
+            "gloo, auto (hint: auto picks shared memory wherever it can run)"
+        )
+    return "shared_memory"
+
+
+def _obstacle(*, world_size: int, local_world_size: int) -> str | None:
+    if world_size < 2:
+        return "the job has one rank"
+    if local_world_size != world_size:
+        return f"{local_world_size} of the job's {world_size} ranks are on this host, not all"
+    if platform.machine().lower() not in _X86_64:
+        return f"the barrier relies on x86-64's store order and this is {platform.machine()}"
+    if not os.path.isdir(SHM_DIRECTORY):
+        return f"this host has no {SHM_DIRECTORY}"
+    return None
+
+
+class SharedMemoryAllreduce:
+    """The segment and the per-chunk protocol of one job's ranks. Create it on every rank at
+    the same point: the constructor is collective over the default process group."""
+
+    def __init__(self, *, rank: int, world_size: int, timeout_s: float) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.timeout_s = timeout_s
+        self.generation = 0
+        self.chunk = 0
+        flag_bytes = FLAG_STRIDE * 8 * world_size
+        self._mapping = _map_segment(rank, flag_bytes + 2 * world_size * SLOT_BYTES)
+        self.flags = np.frombuffer(self._mapping, dtype=np.int64, count=FLAG_STRIDE * world_size)
+        self.slots = torch.frombuffer(
+            self._mapping, dtype=torch.uint8, offset=flag_bytes, count=2 * world_size * SLOT_BYTES
+        ).view(2, world_size, SLOT_BYTES)
+
+    def allreduce_mean_(self, bucket: torch.Tensor) -> torch.Tensor:
+        """Replace a flat bucket with its mean over the ranks, chunk by chunk."""
+        per_slot = SLOT_BYTES // bucket.element_size()
+        for start in range(0, bucket.numel(), per_slot):
+            self._mean_chunk_(bucket[start : start + per_slot])
+        return bucket
+
+    def _mean_chunk_(self, part: torch.Tensor) -> None:
+        count = part.numel()
+        slots = self.slots[self.chunk % 2].view(part.dtype)[:, :count]
+        self.chunk += 1
+        torch.div(part, self.world_size, out=slots[self.rank])
+        self._barrier()
+        low = self.rank * count // self.world_size
+        high = (self.rank + 1) * count // self.world_size
+        total = slots[0, low:high]
+        for peer in range(1, self.world_size):
+            total.add_(slots[peer, low:high])
+        self._barrier()
+        part.copy_(slots[0])
+
+    def _barrier(self) -> None:
+        self.generation += 1
+        counts = self.flags[::FLAG_STRIDE]
+        counts[self.rank] = self.generation
+        start = time.monotonic()
+        pause = LONGEST_PAUSE_SECONDS / 64
+        while counts.min() < self.generation:
+            waited = time.monotonic() - start
+            if waited < SPIN_SECONDS:
+                continue
+            if waited > self.timeout_s:
+                raise self._timed_out(counts)
+            time.sleep(pause)
+            pause = min(2 * pause, LONGEST_PAUSE_SECONDS)
+
+    def _timed_out(self, counts: np.ndarray) -> ToolkitError:
+        missing = [int(peer) for peer in np.flatnonzero(counts < self.generation)]
+        return ToolkitError(
+            f"ddp shared-memory allreduce: rank {self.rank} on {socket.gethostname()} waited "
+            f"{self.timeout_s:g} s (timeouts.collective_s) for rank(s) {missing} on the same "
+            "host; they are dead or stalled"
+        )
+
+
+def _map_segment(rank: int, nbytes: int) -> mmap.mmap:
+    """Rank 0 creates the segment's file, every rank maps it, rank 0 unlinks it."""
+    path = [""]
+    if rank == 0:
+        descriptor, path[0] = tempfile.mkstemp(prefix="toolkit-ddp-", dir=SHM_DIRECTORY)
+        os.ftruncate(descriptor, nbytes)
+        os.close(descriptor)
+    dist.broadcast_object_list(path, src=0)
+    try:
+        with open(path[0], "r+b") as segment:
+            mapping = mmap.mmap(segment.fileno(), nbytes)
+        dist.barrier()
+    finally:
+        if rank == 0:
+            os.unlink(path[0])
+    return mapping
+
+
+def comm_hook(
+    state: SharedMemoryAllreduce, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """DDP's comm hook signature: average one bucket, already done when it returns. DDP calls
+    it from the backward pass, for the same buckets in the same order on every rank."""
+    done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    done.set_result(state.allreduce_mean_(bucket.buffer()))
+    return done
