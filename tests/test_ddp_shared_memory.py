@@ -143,3 +143,31 @@ def test_the_hook_is_the_signature_ddp_accepts() -> None:
     annotations = shared_memory.comm_hook.__annotations__
     assert annotations["bucket"] is dist.GradBucket
     assert annotations["return"] == torch.futures.Future[torch.Tensor]
+
+
+def _map_from_another_host(rank: int, port: int, results: Path) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    if rank == 1:  # as a rank on another host sees rank 0's path: no such file there
+
+        def elsewhere(path: str, mode: str) -> None:
+            raise FileNotFoundError(2, "No such file or directory", path)
+
+        shared_memory.open = elsewhere  # type: ignore[attr-defined]
+    try:
+        SharedMemoryAllreduce(rank=rank, world_size=2, timeout_s=10)
+    except ToolkitError as error:
+        (results / f"rank{rank}.txt").write_text(str(error))
+    dist.destroy_process_group()
+
+
+@pytest.mark.multiproc
+@pytest.mark.skipif(not ON_X86_64, reason="the shared-memory transport runs on x86-64 only")
+def test_a_rank_that_cannot_see_the_segment_fails_every_rank_clearly(tmp_path: Path) -> None:
+    before = _segments()
+    mp.spawn(_map_from_another_host, args=(free_port(), tmp_path), nprocs=2)
+    for rank in (0, 1):
+        message = (tmp_path / f"rank{rank}.txt").read_text()
+        assert message.startswith("ddp.allreduce: rank(s) [1] could not map"), message
+        assert "No such file or directory" in message and "ddp.allreduce: gloo" in message
+    assert _segments() == before, "a segment was left in /dev/shm"

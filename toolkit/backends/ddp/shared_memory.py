@@ -160,20 +160,32 @@ class SharedMemoryAllreduce:
 
 
 def _map_segment(rank: int, nbytes: int) -> mmap.mmap:
-    """Rank 0 creates the segment's file, every rank maps it, rank 0 unlinks it."""
+    """Rank 0 creates the segment's file, every rank maps it, rank 0 unlinks it. A rank that
+    cannot open the file is not on rank 0's host, whatever its launcher said: every rank then
+    fails with the same error instead of reducing with a rank that sees another segment."""
     path = [""]
     if rank == 0:
         descriptor, path[0] = tempfile.mkstemp(prefix="toolkit-ddp-", dir=SHM_DIRECTORY)
         os.ftruncate(descriptor, nbytes)
         os.close(descriptor)
     dist.broadcast_object_list(path, src=0)
+    mapping, problem = None, ""
     try:
         with open(path[0], "r+b") as segment:
             mapping = mmap.mmap(segment.fileno(), nbytes)
-        dist.barrier()
-    finally:
-        if rank == 0:
-            os.unlink(path[0])
+    except OSError as error:
+        problem = f"{socket.gethostname()}: {error.strerror}"
+    problems: list[str] = [""] * dist.get_world_size()
+    dist.all_gather_object(problems, problem)
+    if rank == 0:
+        os.unlink(path[0])
+    failed = {peer: text for peer, text in enumerate(problems) if text}
+    if mapping is None or failed:
+        raise ToolkitError(
+            f"ddp.allreduce: rank(s) {sorted(failed)} could not map rank 0's shared-memory "
+            f"segment {path[0]} ({'; '.join(failed.values())}); every rank must be on one "
+            "host (hint: ddp.allreduce: gloo)"
+        )
     return mapping
 
 
