@@ -5,6 +5,7 @@ it was found."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import time
@@ -80,7 +81,7 @@ def _compare_with_gloo(rank: int, world: int, port: int, results: Path) -> None:
             mine = torch.randn(size, generator=generator, dtype=torch.float64).to(dtype)
             reference = mine / world  # DDP's own hook: divide, then sum through Gloo
             dist.all_reduce(reference)
-            ours = transport.allreduce_mean_(mine.clone())
+            ours = transport.mean_(mine.clone())
             gathered = [torch.empty_like(ours) for _ in range(world)]
             dist.all_gather(gathered, ours)
             same_on_every_rank = all(torch.equal(gathered[0], other) for other in gathered)
@@ -121,7 +122,7 @@ def _wait_for_absent_peer(rank: int, port: int, results: Path) -> None:
     if rank == 0:
         start = time.monotonic()
         try:
-            transport.allreduce_mean_(torch.ones(10))
+            transport.mean_(torch.ones(10))
         except ToolkitError as error:
             (results / "error.txt").write_text(f"{time.monotonic() - start:.2f}\n{error}")
     else:
@@ -171,3 +172,33 @@ def test_a_rank_that_cannot_see_the_segment_fails_every_rank_clearly(tmp_path: P
         assert message.startswith("ddp.allreduce: rank(s) [1] could not map"), message
         assert "No such file or directory" in message and "ddp.allreduce: gloo" in message
     assert _segments() == before, "a segment was left in /dev/shm"
+
+
+def _sums_of_any_tensor(rank: int, port: int, results: Path) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    transport = SharedMemoryAllreduce(rank=rank, world_size=2, timeout_s=30)
+    counts = torch.arange(6, dtype=torch.int64).reshape(2, 3) * (rank + 1)
+    transport.sum_(counts)
+    columns = torch.arange(12, dtype=torch.float32).reshape(3, 4).t() * (rank + 1)  # strided
+    transport.sum_(columns)
+    try:
+        transport.sum_(torch.ones(3 + rank))
+        refusal = "accepted"
+    except ToolkitError as error:
+        refusal = str(error)
+    report = {"counts": counts.tolist(), "columns": columns.tolist(), "refusal": refusal}
+    (results / f"rank{rank}.txt").write_text(json.dumps(report))
+    dist.destroy_process_group()
+
+
+@pytest.mark.multiproc
+@pytest.mark.skipif(not ON_X86_64, reason="the shared-memory transport runs on x86-64 only")
+def test_sums_of_integer_and_strided_tensors_and_a_size_mismatch(tmp_path: Path) -> None:
+    mp.spawn(_sums_of_any_tensor, args=(free_port(), tmp_path), nprocs=2)
+    for rank in (0, 1):
+        report = json.loads((tmp_path / f"rank{rank}.txt").read_text())
+        assert report["counts"] == (torch.arange(6).reshape(2, 3) * 3).tolist()
+        assert report["columns"] == (torch.arange(12.0).reshape(3, 4).t() * 3).tolist()
+        assert "tensors of different sizes" in report["refusal"], report["refusal"]
+        assert "[12, 16]" in report["refusal"]

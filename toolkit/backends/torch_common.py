@@ -214,12 +214,17 @@ class TorchCollectives:
 
     def allreduce(self, value: Any, op: str = "mean") -> Any:
         tensor = to_tensor(value).clone()
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        self.sum_across_ranks_(tensor)
         return tensor / self.env.world_size if op == "mean" else tensor
 
     def allreduce_(self, tensor: Any, op: str = "mean") -> Any:
-        dist.all_reduce(in_place_target(tensor, op), op=dist.ReduceOp.SUM)
+        self.sum_across_ranks_(in_place_target(tensor, op))
         return tensor.div_(self.env.world_size) if op == "mean" else tensor
+
+    def sum_across_ranks_(self, tensor: torch.Tensor) -> None:
+        """Sum `tensor` over the ranks in place; a backend with a faster transport overrides
+        this."""
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
 
     def broadcast(self, value: Any, root: int = 0) -> Any:
         tensor = to_tensor(value).clone()

@@ -4,8 +4,8 @@ Accumulation uses DDP's own `no_sync()`: gradients of all but the last micro-bat
 and the last backward all-reduces the sum. Each micro-batch's loss is divided by the number of
 micro-batches, and DDP averages over ranks, so the step's gradient is the global-batch mean.
 
-Buckets are summed through shared memory when every rank is on one host (`ddp.allreduce`,
-toolkit/backends/ddp/shared_memory.py), through Gloo otherwise.
+Buckets, and `run.allreduce` after `prepare`, are summed through shared memory when every rank
+is on one host (`ddp.allreduce`, toolkit/backends/ddp/shared_memory.py), through Gloo otherwise.
 
 Evaluation runs the unwrapped module: DDP's own forward would broadcast buffers, a collective
 that evaluation does not need.
@@ -34,6 +34,9 @@ from toolkit.checkpoint import CheckpointState
 class DDPBackend(common.TorchCollectives, TorchData, Backend):
     model: DistributedDataParallel
     optimizer: torch.optim.Optimizer
+    shared_memory: shared_memory.SharedMemoryAllreduce | None = None
+    """Set by `prepare` when the job sums through shared memory; `run.allreduce` uses it from
+    then on (before `prepare`, and with Gloo, it goes through the process group)."""
 
     def setup(self) -> None:
         common.configure_threads(self.spec, self.env)
@@ -63,12 +66,12 @@ class DDPBackend(common.TorchCollectives, TorchData, Backend):
             local_world_size=self.env.local_world_size,
         )
         if transport == "shared_memory":
-            state = shared_memory.SharedMemoryAllreduce(
+            self.shared_memory = shared_memory.SharedMemoryAllreduce(
                 rank=self.env.rank,
                 world_size=self.env.world_size,
                 timeout_s=self.spec.timeouts.collective_s,
             )
-            self.model.register_comm_hook(state, shared_memory.comm_hook)
+            self.model.register_comm_hook(self.shared_memory, shared_memory.comm_hook)
         lr = self.spec.effective_lr(self.env.world_size)
         self.optimizer = optimizer or common.build_optimizer(self.model.parameters(), self.spec, lr)
         self.scheduler = common.lr_scheduler(self.optimizer, self.spec)
@@ -88,6 +91,12 @@ class DDPBackend(common.TorchCollectives, TorchData, Backend):
             total += loss.detach().double()
         self._step()
         return self.reported_loss(total / count)
+
+    def sum_across_ranks_(self, tensor: torch.Tensor) -> None:
+        if self.shared_memory is None:
+            super().sum_across_ranks_(tensor)
+        else:
+            self.shared_memory.sum_(tensor)
 
     def _step(self) -> None:
         if self.scaler:

@@ -1,4 +1,5 @@
-"""DDP's gradient allreduce through shared memory, for ranks that share one host.
+"""DDP's gradient allreduce through shared memory, for ranks that share one host; `run.allreduce`
+under DDP goes the same way.
 
 Why: torch's Gloo moves a 25 MB bucket between two processes of one host at about 1 GB/s over
 loopback TCP (20.8 ms; docs/bench/allreduce.json), and DDP's step was 1.69x the physical floor of
@@ -60,7 +61,8 @@ SLOT_BYTES = 4 << 20
 """One chunk: 4 MiB, so two slot sets of 2 ranks take 32 MiB of /dev/shm (Docker's default
 /dev/shm is 64 MiB). 256 KiB to 16 MiB chunks stepped within 1 ms of each other here."""
 FLAG_STRIDE = 8
-"""int64 counts per flag: one 64-byte cache line each, so ranks do not share a line."""
+"""int64 words per rank: one 64-byte cache line each, so ranks do not share a line. Word 0 is
+the rank's barrier count, word 1 the bytes of the chunk it wrote."""
 SPIN_SECONDS = 0.002
 """How long a waiting rank polls before it starts sleeping between polls. Ranks in step meet
 within this; a rank that waits longer (a slow or stopped peer) must not hold a core."""
@@ -114,19 +116,35 @@ class SharedMemoryAllreduce:
             self._mapping, dtype=torch.uint8, offset=flag_bytes, count=2 * world_size * SLOT_BYTES
         ).view(2, world_size, SLOT_BYTES)
 
-    def allreduce_mean_(self, bucket: torch.Tensor) -> torch.Tensor:
-        """Replace a flat bucket with its mean over the ranks, chunk by chunk."""
-        per_slot = SLOT_BYTES // bucket.element_size()
-        for start in range(0, bucket.numel(), per_slot):
-            self._mean_chunk_(bucket[start : start + per_slot])
-        return bucket
+    def mean_(self, bucket: torch.Tensor) -> torch.Tensor:
+        """Replace a bucket with its mean over the ranks, DDP's way: each rank's share divided
+        by the world size before the sum."""
+        return self._reduce_(bucket, divide_by=self.world_size)
 
-    def _mean_chunk_(self, part: torch.Tensor) -> None:
+    def sum_(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Replace a tensor with its sum over the ranks (run.allreduce's transport)."""
+        return self._reduce_(tensor, divide_by=1)
+
+    def _reduce_(self, tensor: torch.Tensor, *, divide_by: int) -> torch.Tensor:
+        flat = tensor.contiguous().view(-1)
+        per_slot = SLOT_BYTES // flat.element_size()
+        for start in range(0, flat.numel(), per_slot):
+            self._reduce_chunk_(flat[start : start + per_slot], divide_by)
+        if flat.data_ptr() != tensor.data_ptr():
+            tensor.copy_(flat.view_as(tensor))
+        return tensor
+
+    def _reduce_chunk_(self, part: torch.Tensor, divide_by: int) -> None:
         count = part.numel()
         slots = self.slots[self.chunk % 2].view(part.dtype)[:, :count]
         self.chunk += 1
-        torch.div(part, self.world_size, out=slots[self.rank])
+        if divide_by == 1:
+            slots[self.rank].copy_(part)
+        else:
+            torch.div(part, divide_by, out=slots[self.rank])
+        self.flags[FLAG_STRIDE * self.rank + 1] = count * part.element_size()
         self._barrier()
+        self._check_same_bytes()
         low = self.rank * count // self.world_size
         high = (self.rank + 1) * count // self.world_size
         total = slots[0, low:high]
@@ -149,6 +167,17 @@ class SharedMemoryAllreduce:
                 raise self._timed_out(counts)
             time.sleep(pause)
             pause = min(2 * pause, LONGEST_PAUSE_SECONDS)
+
+    def _check_same_bytes(self) -> None:
+        """Gloo refuses tensors of different sizes on different ranks; so does this, instead
+        of summing mismatched ranges."""
+        written = self.flags[1::FLAG_STRIDE]
+        if (written != written[self.rank]).any():
+            raise ToolkitError(
+                f"ddp shared-memory allreduce: the ranks passed tensors of different sizes "
+                f"(bytes of this chunk by rank: {written.tolist()}); every rank must reduce a "
+                "tensor of the same shape and dtype"
+            )
 
     def _timed_out(self, counts: np.ndarray) -> ToolkitError:
         missing = [int(peer) for peer in np.flatnonzero(counts < self.generation)]
@@ -195,5 +224,5 @@ def comm_hook(
     """DDP's comm hook signature: average one bucket, already done when it returns. DDP calls
     it from the backward pass, for the same buckets in the same order on every rank."""
     done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    done.set_result(state.allreduce_mean_(bucket.buffer()))
+    done.set_result(state.mean_(bucket.buffer()))
     return done
