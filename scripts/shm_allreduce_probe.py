@@ -1,11 +1,13 @@
-"""Probe: DeepSpeed's shared-memory allreduce against torch's Gloo, in the same 2 processes.
+"""Probe: two shared-memory allreduces against torch's Gloo, in the same 2 processes: DeepSpeed's
+and the one the toolkit's DDP backend uses (toolkit/backends/ddp/shared_memory.py).
 
 Not part of the bench (the toolkit's DeepSpeed backend turns DeepSpeed's shm_comm op off, see
 toolkit/backends/deepspeed/backend.py, so a toolkit rank cannot time it): the evidence for one
 route below the physical floor's gap (docs/bench/findings.md). `deepspeed.comm.
 inference_all_reduce` on the CPU accelerator sums through a shared-memory segment of the
 ranks of one host (the shm_comm op that scripts/setup.sh builds); `all_reduce` goes through
-torch.distributed's Gloo over loopback TCP. Rank 0 prints one JSON line: per size, the median
+torch.distributed's Gloo over loopback TCP; the toolkit's `SharedMemoryAllreduce.sum_` through
+its own segment. Rank 0 prints one JSON line: per size, the median
 of 10 timed calls (after 3 untimed) in ms and the algorithm bandwidth in GB/s, and whether
 both sums were right.
 
@@ -23,7 +25,9 @@ import deepspeed
 import deepspeed.comm as dist
 import torch
 
-SIZES_MIB = (1, 4, 25, 64)
+from toolkit.backends.ddp.shared_memory import SharedMemoryAllreduce
+
+SIZES_BYTES = (8, 4 << 10, 1 << 20, 4 << 20, 25 << 20, 64 << 20)
 """25 MiB: the gradients of the bench's MLP (6.3 M parameters, fp32)."""
 
 
@@ -43,20 +47,22 @@ def main() -> None:
     torch.set_num_threads(1)
     deepspeed.init_distributed(dist_backend="gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    toolkit_shm = SharedMemoryAllreduce(rank=rank, world_size=world, timeout_s=60)
     paths: dict[str, Callable[[torch.Tensor], object]] = {
         "gloo": dist.all_reduce,
         "shm": dist.inference_all_reduce,
+        "toolkit-shm": toolkit_shm.sum_,
     }
     results: dict[str, dict[str, float | bool]] = {}
-    for mib in SIZES_MIB:
-        elements = mib * (1 << 20) // 4
+    for size in SIZES_BYTES:
+        elements = size // 4
         for name, call in paths.items():
             seconds = timed(call, torch.ones(elements))
             check = torch.full((elements,), float(rank + 1))
             call(check)
-            results[f"{name} {mib} MiB"] = {
-                "ms": round(seconds * 1e3, 2),
-                "algbw_gbs": round(mib * (1 << 20) / seconds / 1e9, 2),
+            results[f"{name} {size} B"] = {
+                "ms": round(seconds * 1e3, 3),
+                "algbw_gbs": round(size / seconds / 1e9, 3),
                 "sum_right": bool(torch.all(check == world * (world + 1) / 2)),
             }
     if rank == 0:
