@@ -3,9 +3,9 @@ under DDP goes the same way.
 
 Why: torch's Gloo moves a 25 MB bucket between two processes of one host at about 1 GB/s over
 loopback TCP (20.8 ms; docs/bench/allreduce.json), and DDP's step was 1.69x the physical floor of
-issue 13, most of the excess being Gloo. The same bytes through /dev/shm take a few ms: the
-MLP's DDP step went from 64.6 to 50.7 ms, with every parameter bit the same
-(docs/bench/findings.md).
+issue 13, most of the excess being Gloo. Through /dev/shm the same bytes take 7-8 ms
+(scripts/shm_allreduce_probe.py), and the bench MLP's DDP step took 51.2 ms against native DDP's
+63.3 ms over Gloo (1.35x the floor; docs/bench/step-floor.json), every parameter bit the same.
 
 How: one segment per job in /dev/shm holds a flag per rank and two sets of `world` slots of
 SLOT_BYTES each. A bucket goes through in chunks of one slot; for each chunk:
