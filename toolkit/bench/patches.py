@@ -9,6 +9,8 @@ the in-process bench gives each variant a loss function of its own, so each is c
 - `global-loss`: `train_step` returns the mean loss over every rank (`step_loss: global`, one
   all-reduce per step) instead of this rank's: what asking for it costs. Changes what the step
   returns, not the weights.
+- `keras-sgd`: the TF engines' step with Keras' SGD instead of the toolkit's torch-semantics
+  one (measurement only: it moves the weights' rounding).
 
 Candidates measured here and since built in: the TF engines' gradient sum started from the first
 micro-batch's gradient (toolkit.backends.tf.common), Horovod TF's per-tensor allreduce
@@ -32,8 +34,29 @@ def global_loss(run: Any) -> Iterator[None]:
         run.backend.spec = spec
 
 
+@contextmanager
+def keras_sgd(run: Any) -> Iterator[None]:
+    """The TF engines' step with Keras' own SGD (v = m*v - lr*g; p += v) in place of the
+    toolkit's torch-semantics one: what the optimizer's formulation costs. Moves the weights'
+    rounding, so a measurement only. The bench's spec is SGD with momentum."""
+    import keras
+
+    optimizer = run.backend.optimizer
+    spec = run.backend.spec
+    keras_optimizer = keras.optimizers.SGD(
+        learning_rate=spec.effective_lr(run.world_size), momentum=spec.optimizer.momentum
+    )
+    keras_optimizer.build(run.backend.model.trainable_variables)
+    run.backend.optimizer = keras_optimizer
+    try:
+        yield
+    finally:
+        run.backend.optimizer = optimizer
+
+
 PATCHES: dict[str, Callable[[Any], AbstractContextManager[None]]] = {
     "global-loss": global_loss,
+    "keras-sgd": keras_sgd,
 }
 
 
