@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 from tests.realrun import BIN, PYTHON, ROOT, RunOutput, run
-from toolkit.launch.supervisor import free_port
+from toolkit.ports import free_port
 
 pytestmark = pytest.mark.multiproc
 

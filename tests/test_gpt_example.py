@@ -52,8 +52,7 @@ from tests.realrun import BIN, PYTHON, ROOT, RunOutput, run
 from toolkit.checkpoint import CheckpointState, write_checkpoint
 from toolkit.cli import main
 from toolkit.errors import ToolkitError
-from toolkit.launch.supervisor import free_port
-from toolkit.ports import free_port_range
+from toolkit.ports import free_port, free_port_range
 from toolkit.schedule import lr_ratio
 from toolkit.sharding import epoch_order
 from toolkit.spec import TrainSpec, load_spec

@@ -22,9 +22,8 @@ from typing import Any
 
 from toolkit.bench import stats
 from toolkit.bench.launching import failure, launch_with_spec
-from toolkit.launch.supervisor import free_port
 from toolkit.parity.cases import merge
-from toolkit.ports import free_port_range
+from toolkit.ports import free_port, free_port_range
 from toolkit.spec import TrainSpec
 
 RANK_PROGRAM = str(Path(__file__).parent / "ranks" / "toolkit_allreduce.py")

@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from toolkit.bench.launching import failure, launch_with_spec
-from toolkit.launch.supervisor import free_port
 from toolkit.parity.cases import merge
 from toolkit.plan.communication import bubble as planned_bubble
+from toolkit.ports import free_port
 from toolkit.spec import TrainSpec
 
 PROBE = str(Path(__file__).parent / "ranks" / "bubble_probe.py")

@@ -25,11 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from toolkit.bench.launching import failure, launch_with_spec
-from toolkit.launch.supervisor import free_port
 from toolkit.parity.cases import merge
 from toolkit.plan.model_facts import ModelFacts
 from toolkit.plan.table import plan_rows
-from toolkit.ports import free_port_range
+from toolkit.ports import free_port, free_port_range
 from toolkit.spec import TrainSpec
 
 PROBE = str(Path(__file__).parent / "ranks" / "memory_probe.py")

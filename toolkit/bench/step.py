@@ -36,9 +36,8 @@ from toolkit.bench.bare import bare_launch, execute_bare
 from toolkit.bench.cases import Native, StepCase, floor_for, floor_workload, native_for
 from toolkit.bench.launching import failure, launch, launch_with_spec
 from toolkit.errors import ToolkitError
-from toolkit.launch.supervisor import free_port
 from toolkit.parity.cases import merge
-from toolkit.ports import free_port_range
+from toolkit.ports import free_port, free_port_range
 from toolkit.render.layout import rendered_threads
 from toolkit.spec import TrainSpec
 
