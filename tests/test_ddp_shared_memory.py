@@ -66,13 +66,18 @@ def test_shared_memory_written_where_it_cannot_run_is_one_clear_error(
     assert reason in message and "allowed here: gloo, auto" in message and "\n" not in message
 
 
+def _join(rank: int, world: int, port: int) -> None:
+    """A spawned worker's Gloo process group, which the segment's set-up goes through."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+
+
 SIZES = (1, 7, SLOT_BYTES // 4 - 1, SLOT_BYTES // 4 + 13, 3 * SLOT_BYTES // 4 + 5)
 DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 
 
 def _compare_with_gloo(rank: int, world: int, port: int, results: Path) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    _join(rank, world, port)
     transport = SharedMemoryAllreduce(rank=rank, world_size=world, timeout_s=60)
     lines = []
     for dtype in DTYPES:
@@ -116,8 +121,7 @@ def test_sums_match_gloo_and_every_rank_reads_the_same(world: int, tmp_path: Pat
 
 
 def _wait_for_absent_peer(rank: int, port: int, results: Path) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    _join(rank, 2, port)
     transport = SharedMemoryAllreduce(rank=rank, world_size=2, timeout_s=3)
     if rank == 0:
         start = time.monotonic()
@@ -147,8 +151,7 @@ def test_the_hook_is_the_signature_ddp_accepts() -> None:
 
 
 def _map_from_another_host(rank: int, port: int, results: Path) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    _join(rank, 2, port)
     if rank == 1:  # as a rank on another host sees rank 0's path: no such file there
 
         def elsewhere(path: str, mode: str) -> None:
@@ -175,8 +178,7 @@ def test_a_rank_that_cannot_see_the_segment_fails_every_rank_clearly(tmp_path: P
 
 
 def _sums_of_any_tensor(rank: int, port: int, results: Path) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    _join(rank, 2, port)
     transport = SharedMemoryAllreduce(rank=rank, world_size=2, timeout_s=30)
     counts = torch.arange(6, dtype=torch.int64).reshape(2, 3) * (rank + 1)
     transport.sum_(counts)

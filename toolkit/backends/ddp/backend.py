@@ -34,7 +34,7 @@ from toolkit.checkpoint import CheckpointState
 class DDPBackend(common.TorchCollectives, TorchData, Backend):
     model: DistributedDataParallel
     optimizer: torch.optim.Optimizer
-    shared_memory: shared_memory.SharedMemoryAllreduce | None = None
+    shm_allreduce: shared_memory.SharedMemoryAllreduce | None = None
     """Set by `prepare` when the job sums through shared memory; `run.allreduce` uses it from
     then on (before `prepare`, and with Gloo, it goes through the process group)."""
 
@@ -66,12 +66,12 @@ class DDPBackend(common.TorchCollectives, TorchData, Backend):
             local_world_size=self.env.local_world_size,
         )
         if transport == "shared_memory":
-            self.shared_memory = shared_memory.SharedMemoryAllreduce(
+            self.shm_allreduce = shared_memory.SharedMemoryAllreduce(
                 rank=self.env.rank,
                 world_size=self.env.world_size,
                 timeout_s=self.spec.timeouts.collective_s,
             )
-            self.model.register_comm_hook(self.shared_memory, shared_memory.comm_hook)
+            self.model.register_comm_hook(self.shm_allreduce, shared_memory.comm_hook)
         lr = self.spec.effective_lr(self.env.world_size)
         self.optimizer = optimizer or common.build_optimizer(self.model.parameters(), self.spec, lr)
         self.scheduler = common.lr_scheduler(self.optimizer, self.spec)
@@ -93,10 +93,10 @@ class DDPBackend(common.TorchCollectives, TorchData, Backend):
         return self.reported_loss(total / count)
 
     def sum_across_ranks_(self, tensor: torch.Tensor) -> None:
-        if self.shared_memory is None:
+        if self.shm_allreduce is None:
             super().sum_across_ranks_(tensor)
         else:
-            self.shared_memory.sum_(tensor)
+            self.shm_allreduce.sum_(tensor)
 
     def _step(self) -> None:
         if self.scaler:
