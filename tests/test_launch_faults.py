@@ -20,6 +20,7 @@ import pytest
 from tests.supervised import (
     CONTRACT_SECONDS,
     RANK_SCRIPT,
+    UP_SECONDS,
     gone,
     in_background,
     rank,
@@ -119,28 +120,47 @@ def test_launcher_failure_names_the_rank_and_its_lines(
     assert not any("[rank " in line for line in result.tail), result.report()
 
 
-def toolkit_launch(spec: Path, piddir: Path, launcher: str) -> subprocess.Popen[bytes]:
+def toolkit_launch(
+    spec: Path, piddir: Path, launcher: str, *action: str
+) -> subprocess.Popen[bytes]:
     port = free_port()
     spec.write_text(f"backend: ddp\nlaunch: {{launcher: {launcher}, np: 2, master_port: {port}}}\n")
     argv = [sys.executable, "-m", "toolkit", "launch", "--spec", str(spec)]
-    return subprocess.Popen([*argv, "--", RANK_SCRIPT, str(piddir), "sleep"])
+    return subprocess.Popen([*argv, "--", RANK_SCRIPT, str(piddir), *(action or ["sleep"])])
 
 
-def sigkill_toolkit_launch(launcher: str, tmp_path: Path) -> None:
+def detached_daemons(piddir: Path, count: int = 2) -> list[int]:
+    """The pids of the daemons the ranks of `detach` started, once each has written it."""
+    files = [piddir / f"detached-{rank}" for rank in range(count)]
+    deadline = time.monotonic() + UP_SECONDS
+    while not all(file.exists() for file in files):
+        assert time.monotonic() < deadline, f"no daemon pid files within {UP_SECONDS} s"
+        time.sleep(0.1)
+    return [int(file.read_text()) for file in files]
+
+
+def assert_gone_soon(pids: list[int], what: str) -> None:
+    deadline = time.monotonic() + AFTER_SIGKILL_SECONDS
+    while time.monotonic() < deadline and not all(gone(pid) for pid in pids):
+        time.sleep(0.1)
+    survivors = [f"{pid} {psutil.Process(pid).cmdline()}" for pid in pids if not gone(pid)]
+    assert not survivors, f"alive {AFTER_SIGKILL_SECONDS:g} s after {what}: {survivors}"
+
+
+def sigkill_toolkit_launch(launcher: str, tmp_path: Path, *action: str) -> None:
+    """SIGKILL `toolkit launch` once its ranks are up (and, for `detach`, their daemons): no
+    process it started, nor any daemon, is left."""
     piddir = tmp_path / "pids"
     piddir.mkdir()
-    process = toolkit_launch(tmp_path / "spec.yaml", piddir, launcher)
+    process = toolkit_launch(tmp_path / "spec.yaml", piddir, launcher, *action)
     try:
         ranks = wait_for_ranks(piddir)
+        daemons = detached_daemons(piddir) if action[:1] == ("detach",) else []
         tree = psutil.Process(process.pid).children(recursive=True)
     finally:
         process.kill()
         process.wait()
-    deadline = time.monotonic() + AFTER_SIGKILL_SECONDS
-    while time.monotonic() < deadline and not all(gone(p.pid) for p in tree):
-        time.sleep(0.1)
-    survivors = [f"{p.pid} {p.cmdline()}" for p in tree if not gone(p.pid)]
-    assert not survivors, f"alive {AFTER_SIGKILL_SECONDS:g} s after SIGKILL: {survivors}"
+    assert_gone_soon([p.pid for p in tree] + daemons, "SIGKILL")
     assert set(ranks.values()) <= {p.pid for p in tree}
 
 
@@ -156,6 +176,21 @@ def test_sigkill_of_toolkit_launch_leaves_no_rank_of_a_launcher(
     """The launcher gets SIGTERM from the kernel (parent-death signal), and the watchdog stops
     its ranks, which torchrun keeps in sessions of their own."""
     sigkill_toolkit_launch(launcher, tmp_path)
+
+
+@pytest.mark.parametrize("launcher", ["local", pytest.param("mpirun", marks=pytest.mark.multiproc)])
+def test_sigkill_of_toolkit_launch_leaves_no_daemon_of_a_rank(
+    launcher: str, tmp_path: Path
+) -> None:
+    """A process that left the job's tree (no parent link to any process of the job) is found
+    by the job id in its environment, by the watchdog."""
+    sigkill_toolkit_launch(launcher, tmp_path, "detach", "sleep")
+
+
+def test_a_job_that_ends_stops_the_daemons_of_its_ranks(tmp_path: Path) -> None:
+    result = run_local(rank(tmp_path, "detach", "exit"), 2, timeout=120)
+    assert result.ok, result.report()
+    assert_gone_soon(detached_daemons(tmp_path), "the job ended")
 
 
 def test_toolkit_launch_exit_status_is_the_rank_convention(tmp_path: Path) -> None:

@@ -5,11 +5,15 @@ does (heartbeats, and tagged output under a launcher), writes its pid to PIDDIR/
     fail RANK STATUS   rank RANK writes to stderr and exits with STATUS; the others sleep
     raise RANK         rank RANK raises an exception; the others sleep
     progress           rank 0 draws a carriage-return progress bar, then waits for PIDDIR/go
+    detach THEN        starts a process that leaves the job's process tree (double fork, a
+                       session of its own) and writes its pid to PIDDIR/detached-RANK; then
+                       THEN is "exit" (exit 0) or "sleep" (sleep until stopped)
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -38,8 +42,33 @@ def main(piddir: str, action: str, *args: str) -> int:
             time.sleep(0.1)
         sys.stderr.write("\n")
         return 0
+    if action == "detach":
+        detach(Path(piddir) / f"detached-{rank}")
+        if args[0] == "exit":
+            return 0
     while True:
         time.sleep(0.5)
+
+
+DAEMON = """
+import os, sys, time
+if os.fork():
+    os._exit(0)
+os.setsid()
+with open(sys.argv[1] + ".tmp", "w") as out:
+    out.write(str(os.getpid()))
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+while True:
+    time.sleep(0.5)
+"""
+
+
+def detach(pidfile: Path) -> None:
+    """Start a daemon whose parent exits at once: init adopts it, so no parent link leads
+    from this rank to it. Returns once it has written its pid."""
+    subprocess.run([sys.executable, "-c", DAEMON, str(pidfile)], check=True)
+    while not pidfile.exists():
+        time.sleep(0.05)
 
 
 if __name__ == "__main__":

@@ -107,7 +107,7 @@ class Job:
         bind = LOOPBACK if heartbeat_host == LOOPBACK else "0.0.0.0"
         self.heartbeats = Heartbeats(bind)
         self.heartbeat_address = f"{heartbeat_host}:{self.heartbeats.port}"
-        self.watchdog = Watchdog()
+        self.watchdog = Watchdog(self.job_id)
         self.started = time.monotonic()
         self._bad_end_seen: dict[int, float] = {}
         self._dead_since: dict[int, float] = {}
@@ -308,6 +308,7 @@ class Job:
         return replace(ending, reason=f"{ending.reason}; already silent: {named}")
 
     def _teardown(self) -> None:
+        self.tree.add_job(self.job_id)
         self.tree.stop(self.grace)
         for child in self.children:
             try:

@@ -8,27 +8,11 @@ gentler signal. Prints how many processes it stopped.
 
 from __future__ import annotations
 
-import os
 import sys
 
 import psutil
 
-from toolkit.rank_variables import TOOLKIT_JOB_ID
-
-
-def job_processes(job_id: str) -> list[psutil.Process]:
-    """This user's processes of job `job_id`, this process and its ancestors excepted."""
-    spared = {os.getpid(), *(parent.pid for parent in psutil.Process().parents())}
-    found = []
-    for process in psutil.process_iter():
-        if process.pid in spared:
-            continue
-        try:
-            if process.environ().get(TOOLKIT_JOB_ID) == job_id:
-                found.append(process)
-        except psutil.Error:
-            continue
-    return found
+from toolkit.launch.tree import job_processes
 
 
 def main(argv: list[str]) -> int:

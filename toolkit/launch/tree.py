@@ -11,8 +11,12 @@ Horovod 0.28.1):
 
 So a `ProcessTree` lists the whole process table's parent links on each `refresh` and remembers
 every descendant of its roots it has seen, which finds ranks in other sessions and ranks whose
-launcher died and left them to init. A descendant that starts and detaches between two
-refreshes would escape; none of the launchers above does that.
+launcher died and left them to init. A descendant that starts and is orphaned between two
+refreshes (a double-forked daemon, or a rank whose launcher died a moment after starting it,
+before the next refresh) has no parent link left to the tree: `add_job` finds those by the job
+id every process of a job carries in its environment (TOOLKIT_JOB_ID), as Jenkins' process
+tree killer finds a build's processes by a cookie in theirs. It reads every process's
+/proc/<pid>/environ, so it runs only when a job is stopped, not on each refresh.
 
 A stopped (SIGSTOP) process keeps a SIGTERM pending, so `stop` sends SIGCONT after it; what is
 still alive after the grace period gets SIGKILL.
@@ -26,6 +30,8 @@ import time
 from collections import defaultdict
 
 import psutil
+
+from toolkit.rank_variables import TOOLKIT_JOB_ID
 
 _POLL_SECONDS = 0.1
 # /proc/<pid>/stat, counted after the command's closing parenthesis (field 3 is index 0).
@@ -46,6 +52,11 @@ class ProcessTree:
             self._roots.append(psutil.Process(pid))
         except psutil.NoSuchProcess:
             return
+
+    def add_job(self, job_id: str) -> None:
+        """Add as roots this user's processes that carry TOOLKIT_JOB_ID=`job_id`."""
+        for process in job_processes(job_id):
+            self._roots.append(process)
 
     def refresh(self) -> list[psutil.Process]:
         """Remember the current descendants of the live roots and of every live process seen
@@ -135,6 +146,21 @@ class ProcessTree:
 
     def _live(self) -> list[psutil.Process]:
         return [process for process in self._seen.values() if running(process)]
+
+
+def job_processes(job_id: str) -> list[psutil.Process]:
+    """This user's processes of job `job_id`, this process and its ancestors excepted."""
+    spared = {os.getpid(), *(parent.pid for parent in psutil.Process().parents())}
+    found = []
+    for process in psutil.process_iter():
+        if process.pid in spared:
+            continue
+        try:
+            if process.environ().get(TOOLKIT_JOB_ID) == job_id:
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
 
 
 def running(process: psutil.Process) -> bool:

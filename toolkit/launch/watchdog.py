@@ -1,8 +1,8 @@
 """`python -m toolkit.launch.watchdog`: stops a job whose supervisor died (parent_death.py).
 
 Reads pids from stdin, one per line. "done" means the supervisor finished normally: exit. End
-of file without it means the supervisor is gone: stop every process named and every
-descendant of theirs, then exit.
+of file without it means the supervisor is gone: stop every process named, every descendant
+of theirs and every process carrying the job's id (the argument), then exit.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from toolkit.launch.parent_death import WATCHDOG_GRACE_SECONDS
 from toolkit.launch.tree import ProcessTree
 
 
-def main() -> int:
+def main(job_id: str) -> int:
     for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
     tree = ProcessTree()
@@ -24,9 +24,10 @@ def main() -> int:
             return 0
         if word.isdigit():
             tree.add_root(int(word))
+    tree.add_job(job_id)
     tree.stop(WATCHDOG_GRACE_SECONDS)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1]))
