@@ -86,3 +86,49 @@ def test_keras_adam_is_not_torch_adam() -> None:
     keras_adam = keras.optimizers.Adam(learning_rate=0.01, beta_1=0.9, beta_2=0.99, epsilon=1e-3)
     torch_adam = torch_result(lambda ps: torch.optim.Adam(ps, lr=0.01, betas=(0.9, 0.99), eps=1e-3))
     assert np.max(np.abs(tf_result(keras_adam) - torch_adam)) > 1e-5
+
+
+def sgd_reference(l2: float) -> np.ndarray:
+    """torch.optim.SGD's update (dampening 0, no Nesterov) in float32 NumPy, one rounding per
+    operation in torch's order: the bits TorchSGD's fused kernel must give."""
+    lr, momentum = np.float32(0.1), np.float32(0.9)
+    weight, buffer = W0.copy(), np.zeros_like(W0)
+    for grad in GRADS:
+        if l2:
+            grad = grad + np.float32(l2) * weight
+        buffer = buffer * momentum + grad
+        weight = weight - lr * buffer
+    return weight
+
+
+@pytest.mark.parametrize("l2", [0.0, 0.01])
+def test_fused_sgd_momentum_is_the_formula_bit_for_bit(l2: float) -> None:
+    optimizer = TorchSGD(learning_rate=0.1, momentum=0.9, weight_decay=l2, nesterov=False)
+    np.testing.assert_array_equal(tf_result(optimizer), sgd_reference(l2))
+
+
+def test_fused_sgd_momentum_under_a_distribution_strategy() -> None:
+    """Under tf.distribute the optimizer updates each replica's copy of a weight, and its slot
+    is a distributed variable: the fused kernel takes both handles inside the update. The
+    gradient of sum(kernel * g) is g exactly, taken in the replica as the backend does."""
+    strategy = tf.distribute.MirroredStrategy(cross_device_ops=tf.distribute.ReductionToOneDevice())
+    with strategy.scope():
+        layer = keras.layers.Dense(3, use_bias=False)
+        layer.build((None, 5))
+        layer.kernel.assign(W0)
+        optimizer = TorchSGD(learning_rate=0.1, momentum=0.9, weight_decay=0.0, nesterov=False)
+        optimizer.build(layer.trainable_variables)
+
+    def replica_step(grad: Any) -> None:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(layer.kernel * grad)
+        gradients = tape.gradient(loss, layer.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, layer.trainable_variables, strict=True))
+
+    @tf.function
+    def step(grad: Any) -> None:
+        strategy.run(replica_step, args=(grad,))
+
+    for grad in GRADS:
+        step(tf.constant(grad))
+    np.testing.assert_array_equal(np.asarray(layer.kernel), sgd_reference(0.0))

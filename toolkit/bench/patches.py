@@ -19,6 +19,7 @@ micro-batch's gradient (toolkit.backends.tf.common), Horovod TF's per-tensor all
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Any
@@ -34,6 +35,12 @@ def global_loss(run: Any) -> Iterator[None]:
         run.backend.spec = spec
 
 
+_keras_optimizers: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+"""One Keras SGD per backend, built on first use: the patch is entered around every step, and
+building an optimizer allocates and zero-fills a momentum slot per weight (a first version
+built one per step and measured that, 1.29x native)."""
+
+
 @contextmanager
 def keras_sgd(run: Any) -> Iterator[None]:
     """The TF engines' step with Keras' own SGD (v = m*v - lr*g; p += v) in place of the
@@ -41,17 +48,21 @@ def keras_sgd(run: Any) -> Iterator[None]:
     rounding, so a measurement only. The bench's spec is SGD with momentum."""
     import keras
 
-    optimizer = run.backend.optimizer
-    spec = run.backend.spec
-    keras_optimizer = keras.optimizers.SGD(
-        learning_rate=spec.effective_lr(run.world_size), momentum=spec.optimizer.momentum
-    )
-    keras_optimizer.build(run.backend.model.trainable_variables)
-    run.backend.optimizer = keras_optimizer
+    backend = run.backend
+    optimizer = backend.optimizer
+    keras_optimizer = _keras_optimizers.get(backend)
+    if keras_optimizer is None:
+        keras_optimizer = keras.optimizers.SGD(
+            learning_rate=backend.spec.effective_lr(run.world_size),
+            momentum=backend.spec.optimizer.momentum,
+        )
+        keras_optimizer.build(backend.model.trainable_variables)
+        _keras_optimizers[backend] = keras_optimizer
+    backend.optimizer = keras_optimizer
     try:
         yield
     finally:
-        run.backend.optimizer = optimizer
+        backend.optimizer = optimizer
 
 
 PATCHES: dict[str, Callable[[Any], AbstractContextManager[None]]] = {

@@ -1,6 +1,9 @@
 """The physical floor of a TensorFlow data-parallel step: the bench's Keras MLP, a compiled
-GradientTape step with Keras SGD and momentum on this rank's samples, with no strategy and no
-communication, then the gradient bytes moved once at memory speed (see _floor.py). Started by
+GradientTape step with SGD and momentum on this rank's samples, with no strategy and no
+communication, then the gradient bytes moved once at memory speed (see _floor.py). The update is
+the cheapest TensorFlow has, one fused kernel per weight (the toolkit's TorchSGD,
+toolkit.backends.tf.optimizers), not Keras' SGD, whose several element-wise passes would raise
+the floor. Started by
 the same launcher as the engines' runs, every rank at once; rank 0 writes the timings.
 
     python floor_tf.py --threads 1 --out timings.json
@@ -15,6 +18,8 @@ import _floor
 import tensorflow as tf
 from _keras_model import mlp
 
+from toolkit.backends.tf.optimizers import TorchSGD
+
 
 def main() -> None:
     args = _bench.parse(_bench.parser(__doc__ or ""))
@@ -24,7 +29,9 @@ def main() -> None:
     rank = _floor.launcher_rank()
     tf.keras.utils.set_random_seed(args.seed)
     model = mlp(_bench.widths(args))
-    optimizer = tf.keras.optimizers.SGD(learning_rate=args.lr, momentum=args.momentum)
+    optimizer = TorchSGD(
+        learning_rate=args.lr, momentum=args.momentum, weight_decay=0.0, nesterov=False
+    )
     loss_object = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
     @tf.function
