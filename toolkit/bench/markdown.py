@@ -235,6 +235,7 @@ STEP_TITLES = {
 # candidate's run, a setting's, or more engines measured in process in a run of their own.
 STEP_PREFIXES = {
     "step-in-process-": "Step in the same processes, more engines",
+    "step-floor-": "Step against the physical floor, more runs",
     "cand": "Candidate costs",
     "settings": "Settings",
 }
