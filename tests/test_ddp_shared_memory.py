@@ -17,9 +17,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from toolkit.backends.ddp import shared_memory
-from toolkit.backends.ddp.shared_memory import SLOT_BYTES, SharedMemoryAllreduce, resolve
+from toolkit.backends.ddp.shared_memory import SharedMemoryAllreduce, resolve
 from toolkit.errors import ToolkitError
 from toolkit.ports import free_port
+from toolkit.shm_layout import SLOT_BYTES
 
 ON_X86_64 = platform.machine().lower() in ("x86_64", "amd64") and os.path.isdir("/dev/shm")
 

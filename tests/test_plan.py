@@ -159,10 +159,35 @@ def test_communication_and_bubble_formulas() -> None:
 
 @pytest.mark.parametrize("view", [True, False])
 def test_ddp_buckets_are_a_second_gradient_copy_unless_views(view: bool) -> None:
-    spec = TrainSpec.from_dict({"backend": "ddp", "ddp": {"gradient_as_bucket_view": view}})
+    ddp = {"gradient_as_bucket_view": view, "allreduce": "gloo"}
+    spec = TrainSpec.from_dict({"backend": "ddp", "ddp": ddp})
     (row,) = [r for r in plan_rows(spec, from_params(1000), 2) if r.name == "ddp+torch"]
     assert row.memory.device["gradients"] == 4000
     assert row.memory.device["buffers"] == (0 if view else 4000)
+
+
+MIB = 1 << 20
+
+
+@pytest.mark.parametrize(
+    ("ddp", "hosts", "ranks", "segment_mib"),
+    [
+        ({"allreduce": "auto"}, [], 2, 16),  # two slots of 4 MiB per rank
+        ({"allreduce": "auto"}, [], 4, 32),
+        ({"allreduce": "shared_memory"}, [], 2, 16),
+        ({"allreduce": "auto"}, [], 1, 0),  # one rank reduces nothing
+        ({"allreduce": "gloo"}, [], 2, 0),
+        ({"allreduce": "auto"}, ["a:1", "b:1"], 2, 0),  # ranks on two hosts: Gloo
+    ],
+)
+def test_ddp_counts_its_shared_memory_segment_where_it_has_one(
+    ddp: dict[str, str], hosts: list[str], ranks: int, segment_mib: int
+) -> None:
+    spec = TrainSpec.from_dict({"backend": "ddp", "ddp": ddp, "launch": {"hosts": hosts}})
+    (row,) = [r for r in plan_rows(spec, from_params(1000), ranks) if r.name == "ddp+torch"]
+    flags = 64 * ranks if segment_mib else 0  # a cache line per rank
+    assert row.memory.device["buffers"] == segment_mib * MIB + flags
+    assert ("shared-memory segment" in row.note) is bool(segment_mib)
 
 
 def test_pipeline_split_balances_parameters() -> None:

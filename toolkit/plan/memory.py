@@ -12,8 +12,9 @@ Components (bytes per rank; P parameters, N data-parallel ranks, L the largest l
 - working: ZeRO-3's gathered layer, 2·w·L (the full weights and gradients of one layer).
 - buffers: engine communication buffers, not in DeepSpeed's estimators but resident on a real
   run: DDP's gradient buckets (a second copy of the gradients unless ddp.gradient_as_bucket_view
-  makes the gradients views into them), Horovod's fusion buffer, ZeRO-2/3's contiguous
-  gradient bucket (the touched part).
+  makes the gradients views into them) and its shared-memory allreduce segment (2 slots of 4 MiB
+  per rank, mapped and touched whole by every rank, so in each one's RSS), Horovod's fusion
+  buffer, ZeRO-2/3's contiguous gradient bucket (the touched part).
 - activations: what backward keeps, micro × (input + every leaf's output) × activation bytes,
   when the model is known; under the pipeline, the first stage holds min(m, p) micro-batches.
 

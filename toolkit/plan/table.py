@@ -13,6 +13,7 @@ from toolkit import engines
 from toolkit.plan import communication as comm
 from toolkit.plan import memory as mem
 from toolkit.plan.model_facts import ModelFacts
+from toolkit.shm_layout import segment_bytes
 from toolkit.spec import TrainSpec
 
 MIB = 1 << 20
@@ -63,9 +64,23 @@ def _ddp(s: Setting) -> list[PlanRow]:
     p = s.facts.parameters
     # Gradients that are views into the buckets need no second copy (ddp.gradient_as_bucket_view).
     buckets = 0.0 if s.spec.ddp.gradient_as_bucket_view else 4.0 * p
-    memory = mem.replicated(s.spec, p, buffers=buckets, activations=s.activations())
+    segment = float(segment_bytes(s.ranks)) if _ddp_shared_memory(s) else 0.0
+    memory = mem.replicated(s.spec, p, buffers=buckets + segment, activations=s.activations())
     sent = comm.allreduce_bytes(p, s.ranks, comm.gradient_bytes(s.spec, zero_engine=False))
-    return [PlanRow("ddp+torch", memory, sent, note="buffers: DDP's gradient buckets")]
+    parts = ["DDP's gradient buckets"] * bool(buckets) + ["the shared-memory segment"] * bool(
+        segment
+    )
+    note = f"buffers: {', '.join(parts)}" if parts else ""
+    return [PlanRow("ddp+torch", memory, sent, note=note)]
+
+
+def _ddp_shared_memory(s: Setting) -> bool:
+    """Whether DDP reduces through its shared-memory segment (toolkit.backends.ddp.
+    shared_memory), as far as the spec tells: `shared_memory`, or `auto` with more than one rank
+    and every rank on one host. At run time `auto` also needs x86-64 and /dev/shm."""
+    choice = s.spec.ddp.allreduce
+    one_host = len(s.spec.hosts) <= 1
+    return s.ranks > 1 and (choice == "shared_memory" or (choice == "auto" and one_host))
 
 
 def _horovod(framework: str) -> Callable[[Setting], list[PlanRow]]:

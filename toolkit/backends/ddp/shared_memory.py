@@ -52,17 +52,12 @@ import torch
 import torch.distributed as dist
 
 from toolkit.errors import ToolkitError
+from toolkit.shm_layout import FLAG_STRIDE, SLOT_BYTES, flag_bytes, segment_bytes
 from toolkit.spec.sections import DdpAllreduce
 
 Transport = Literal["gloo", "shared_memory"]
 
 SHM_DIRECTORY = "/dev/shm"
-SLOT_BYTES = 4 << 20
-"""One chunk: 4 MiB, so two slot sets of 2 ranks take 32 MiB of /dev/shm (Docker's default
-/dev/shm is 64 MiB). 256 KiB to 16 MiB chunks stepped within 1 ms of each other here."""
-FLAG_STRIDE = 8
-"""int64 words per rank: one 64-byte cache line each, so ranks do not share a line. Word 0 is
-the rank's barrier count, word 1 the bytes of the chunk it wrote."""
 SPIN_SECONDS = 0.002
 """How long a waiting rank polls before it starts sleeping between polls. Ranks in step meet
 within this; a rank that waits longer (a slow or stopped peer) must not hold a core."""
@@ -109,11 +104,13 @@ class SharedMemoryAllreduce:
         self.timeout_s = timeout_s
         self.generation = 0
         self.chunk = 0
-        flag_bytes = FLAG_STRIDE * 8 * world_size
-        self._mapping = _map_segment(rank, flag_bytes + 2 * world_size * SLOT_BYTES)
+        self._mapping = _map_segment(rank, segment_bytes(world_size))
         self.flags = np.frombuffer(self._mapping, dtype=np.int64, count=FLAG_STRIDE * world_size)
         self.slots = torch.frombuffer(
-            self._mapping, dtype=torch.uint8, offset=flag_bytes, count=2 * world_size * SLOT_BYTES
+            self._mapping,
+            dtype=torch.uint8,
+            offset=flag_bytes(world_size),
+            count=2 * world_size * SLOT_BYTES,
         ).view(2, world_size, SLOT_BYTES)
 
     def mean_(self, bucket: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,21 @@
+"""The layout of the DDP backend's shared-memory allreduce segment
+(toolkit.backends.ddp.shared_memory), apart from the backend so that `toolkit plan` can count its
+bytes without importing torch: a flag cache line per rank, then two sets of one slot per rank."""
+
+from __future__ import annotations
+
+SLOT_BYTES = 4 << 20
+"""One chunk: 4 MiB, so two slot sets of 2 ranks take 32 MiB of /dev/shm (Docker's default
+/dev/shm is 64 MiB). 256 KiB to 16 MiB chunks stepped within 1 ms of each other here."""
+FLAG_STRIDE = 8
+"""int64 words per rank: one 64-byte cache line each, so ranks do not share a line. Word 0 is
+the rank's barrier count, word 1 the bytes of the chunk it wrote."""
+
+
+def flag_bytes(world_size: int) -> int:
+    return FLAG_STRIDE * 8 * world_size
+
+
+def segment_bytes(world_size: int) -> int:
+    """The whole segment, which every rank maps and, reading its peers' slots, touches."""
+    return flag_bytes(world_size) + 2 * world_size * SLOT_BYTES
