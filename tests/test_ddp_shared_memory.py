@@ -67,6 +67,35 @@ def test_shared_memory_written_where_it_cannot_run_is_one_clear_error(
     assert reason in message and "allowed here: gloo, auto" in message and "\n" not in message
 
 
+def test_auto_keeps_gloo_where_dev_shm_has_no_room_for_the_segment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """8 ranks need 64 MiB and two cache lines a rank; a container's default /dev/shm is 64 MiB."""
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    room = os.statvfs_result((4096, 4096, 16384, 16384, 16384, 0, 0, 0, 0, 255))  # 64 MiB free
+    monkeypatch.setattr(os, "statvfs", lambda path: room)
+    assert resolve("auto", world_size=4, local_world_size=4) == "shared_memory"
+    assert resolve("auto", world_size=8, local_world_size=8) == "gloo"
+    with pytest.raises(ToolkitError, match=r"has 64\.0 MiB free, the segment needs 64\.0"):
+        resolve("shared_memory", world_size=8, local_world_size=8)
+
+
+@pytest.mark.skipif(not ON_X86_64, reason="the shared-memory transport runs on x86-64 only")
+def test_a_segment_is_reserved_whole_or_not_created() -> None:
+    """Reserved, not just sized: a tmpfs that cannot hold it fails here, not with SIGBUS when a
+    rank first touches a page in the middle of a step."""
+    before = _segments()
+    path, problem = shared_memory.create_segment(1 << 20)
+    try:
+        assert problem == ""
+        assert os.stat(path).st_blocks * 512 >= 1 << 20  # the pages are allocated
+    finally:
+        os.unlink(path)
+    path, problem = shared_memory.create_segment(1 << 50)  # a PiB: more than any /dev/shm
+    assert (path, problem) == ("", "No space left on device")
+    assert _segments() == before, "a segment was left in /dev/shm"
+
+
 def _join(rank: int, world: int, port: int) -> None:
     """A spawned worker's Gloo process group, which the segment's set-up goes through."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

@@ -5,8 +5,8 @@ bytes without importing torch: a flag cache line per rank, then two sets of one 
 from __future__ import annotations
 
 SLOT_BYTES = 4 << 20
-"""One chunk: 4 MiB, so two slot sets of 2 ranks take 32 MiB of /dev/shm (Docker's default
-/dev/shm is 64 MiB). 256 KiB to 16 MiB chunks stepped within 1 ms of each other here."""
+"""One chunk: 4 MiB, so the two slot sets of 2 ranks take 16 MiB of /dev/shm, of 8 ranks 64 MiB
+(Docker's default /dev/shm). 256 KiB to 16 MiB chunks stepped within 1 ms of each other here."""
 FLAG_STRIDE = 8
 """int64 words per rank: one 64-byte cache line each, so ranks do not share a line. Word 0 is
 the rank's barrier count, word 1 the bytes of the chunk it wrote."""

@@ -67,9 +67,11 @@ def _ddp(s: Setting) -> list[PlanRow]:
     segment = float(segment_bytes(s.ranks)) if _ddp_shared_memory(s) else 0.0
     memory = mem.replicated(s.spec, p, buffers=buckets + segment, activations=s.activations())
     sent = comm.allreduce_bytes(p, s.ranks, comm.gradient_bytes(s.spec, zero_engine=False))
-    parts = ["DDP's gradient buckets"] * bool(buckets) + ["the shared-memory segment"] * bool(
-        segment
-    )
+    parts = []
+    if buckets:
+        parts.append("DDP's gradient buckets")
+    if segment:
+        parts.append("the shared-memory segment")
     note = f"buffers: {', '.join(parts)}" if parts else ""
     return [PlanRow("ddp+torch", memory, sent, note=note)]
 

@@ -321,8 +321,8 @@ class DdpSpec(Section):
         default="auto",
         description="How a bucket is summed across ranks. gloo: torch's process group, over "
         "TCP. shared_memory: through /dev/shm, for ranks on one x86-64 host (the toolkit's "
-        "comm hook; 25 MB in a few ms against Gloo's 20). auto: shared_memory wherever it can "
-        "run, else gloo.",
+        "comm hook; 25 MB in a few ms against Gloo's 20), which must have room for 2 slots of "
+        "4 MiB per rank. auto: shared_memory wherever it can run, else gloo.",
     )
 
 

@@ -34,6 +34,12 @@ names it, so a dead or stalled rank ends the job instead of hanging it.
 
 The segment's file is unlinked as soon as every rank has mapped it: nothing is left in /dev/shm
 when the job ends, however it ends.
+
+Space: the segment is reserved whole when it is created (posix_fallocate), not just sized. A
+sized-only file in a full tmpfs maps fine and then kills the first rank that touches a page
+the tmpfs cannot give with SIGBUS, mid-step; a reservation fails at once, and every rank stops
+with an error saying so. `auto` takes Gloo where /dev/shm has less room than the segment needs
+(a container's default /dev/shm is 64 MiB: 8 ranks need 64 MiB and a little more).
 """
 
 # No `from __future__ import annotations` here: DDP's register_comm_hook compares comm_hook's
@@ -58,6 +64,7 @@ from toolkit.spec.sections import DdpAllreduce
 Transport = Literal["gloo", "shared_memory"]
 
 SHM_DIRECTORY = "/dev/shm"
+MIB = 1 << 20
 SPIN_SECONDS = 0.002
 """How long a waiting rank polls before it starts sleeping between polls. Ranks in step meet
 within this; a rank that waits longer (a slow or stopped peer) must not hold a core."""
@@ -91,6 +98,12 @@ def _obstacle(*, world_size: int, local_world_size: int) -> str | None:
         return f"the barrier relies on x86-64's store order and this is {platform.machine()}"
     if not os.path.isdir(SHM_DIRECTORY):
         return f"this host has no {SHM_DIRECTORY}"
+    status = os.statvfs(SHM_DIRECTORY)
+    free, needed = status.f_bavail * status.f_frsize, segment_bytes(world_size)
+    if free < needed:
+        return (
+            f"{SHM_DIRECTORY} has {free / MIB:.1f} MiB free, the segment needs {needed / MIB:.1f}"
+        )
     return None
 
 
@@ -189,30 +202,52 @@ def _map_segment(rank: int, nbytes: int) -> mmap.mmap:
     """Rank 0 creates the segment's file, every rank maps it, rank 0 unlinks it. A rank that
     cannot open the file is not on rank 0's host, whatever its launcher said: every rank then
     fails with the same error instead of reducing with a rank that sees another segment."""
-    path = [""]
+    created = ["", ""]  # the segment's path, or why rank 0 could not create it
     if rank == 0:
-        descriptor, path[0] = tempfile.mkstemp(prefix="toolkit-ddp-", dir=SHM_DIRECTORY)
-        os.ftruncate(descriptor, nbytes)
-        os.close(descriptor)
-    dist.broadcast_object_list(path, src=0)
+        created = list(create_segment(nbytes))
+    dist.broadcast_object_list(created, src=0)
+    path = created[0]
+    if created[1]:
+        raise ToolkitError(
+            f"ddp.allreduce: rank 0 could not reserve {nbytes / MIB:.1f} MiB of shared memory "
+            f"in {SHM_DIRECTORY} ({created[1]})",
+            f"free {SHM_DIRECTORY} (a container's --shm-size), or use ddp.allreduce: gloo",
+        )
     mapping, problem = None, ""
     try:
-        with open(path[0], "r+b") as segment:
+        with open(path, "r+b") as segment:
             mapping = mmap.mmap(segment.fileno(), nbytes)
     except OSError as error:
         problem = f"{socket.gethostname()}: {error.strerror}"
     problems: list[str] = [""] * dist.get_world_size()
     dist.all_gather_object(problems, problem)
     if rank == 0:
-        os.unlink(path[0])
+        os.unlink(path)
     failed = {peer: text for peer, text in enumerate(problems) if text}
     if mapping is None or failed:
         raise ToolkitError(
             f"ddp.allreduce: rank(s) {sorted(failed)} could not map rank 0's shared-memory "
-            f"segment {path[0]} ({'; '.join(failed.values())}); every rank must be on one "
+            f"segment {path} ({'; '.join(failed.values())}); every rank must be on one "
             "host (hint: ddp.allreduce: gloo)"
         )
     return mapping
+
+
+def create_segment(nbytes: int) -> tuple[str, str]:
+    """A new file of `nbytes` in /dev/shm with its pages reserved: (path, "") or, when the space
+    is not there, ("", why) with nothing left behind."""
+    try:
+        descriptor, path = tempfile.mkstemp(prefix="toolkit-ddp-", dir=SHM_DIRECTORY)
+    except OSError as error:
+        return "", str(error.strerror)
+    try:
+        os.posix_fallocate(descriptor, 0, nbytes)
+    except OSError as error:
+        os.unlink(path)
+        return "", str(error.strerror)
+    finally:
+        os.close(descriptor)
+    return path, ""
 
 
 def comm_hook(
