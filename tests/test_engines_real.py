@@ -186,10 +186,12 @@ def test_zero3_checkpoint_holds_the_consolidated_weights(tmp_path: Path) -> None
 def deepspeed_does_fp16_here() -> bool:
     """DeepSpeed's CPU accelerator does fp16 where oneDNN does (`is_fp16_supported` asks
     `torch.ops.mkldnn._is_mkldnn_fp16_supported`), which depends on the CPU: yes on one with
-    AVX512-FP16 or AMX-FP16 (this project's machines since 2026-11-25), no on older ones."""
+    AVX512-FP16 or AMX-FP16 (the Intel machine of 2026-11-25), no elsewhere (the AMD EPYC of
+    2026-11-26). Where it is no, DeepSpeed 0.19.8 returns None, not False: the method falls
+    off the end of its `try`."""
     probe = (
         "from deepspeed.accelerator import get_accelerator; "
-        "print(int(get_accelerator().is_fp16_supported()))"
+        "print(int(bool(get_accelerator().is_fp16_supported())))"
     )
     done = subprocess.run([PYTHON, "-c", probe], capture_output=True, text=True, check=True)
     return done.stdout.split()[-1] == "1"

@@ -31,8 +31,9 @@ def _machine(data: dict[str, Any]) -> str:
     m = data["machine"]
     start = ", ".join(f"{x:.1f}" for x in m["load_average_start"])
     end = ", ".join(f"{x:.1f}" for x in m.get("load_average_end", []))
+    cpu = f" ({m['cpu']})" if "cpu" in m else ""  # runs before 2026-11-26 did not record it
     return (
-        f"Run {m['date']} on {m['cpus']} cores; load average (1, 5, 15 min) {start} at the "
+        f"Run {m['date']} on {m['cpus']} cores{cpu}; load average (1, 5, 15 min) {start} at the "
         f"start, {end} at the end. Command: `{data['command']}`."
     )
 
