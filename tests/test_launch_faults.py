@@ -143,8 +143,16 @@ def assert_gone_soon(pids: list[int], what: str) -> None:
     deadline = time.monotonic() + AFTER_SIGKILL_SECONDS
     while time.monotonic() < deadline and not all(gone(pid) for pid in pids):
         time.sleep(0.1)
-    survivors = [f"{pid} {psutil.Process(pid).cmdline()}" for pid in pids if not gone(pid)]
+    survivors = [f"{pid} {command_line(pid)}" for pid in pids if not gone(pid)]
     assert not survivors, f"alive {AFTER_SIGKILL_SECONDS:g} s after {what}: {survivors}"
+
+
+def command_line(pid: int) -> list[str]:
+    """A survivor's command line, or [] if it ended since it was seen alive."""
+    try:
+        return psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return []
 
 
 def sigkill_toolkit_launch(launcher: str, tmp_path: Path, *action: str) -> None:
