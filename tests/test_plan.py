@@ -20,7 +20,7 @@ from toolkit.cli import main
 from toolkit.plan import communication as comm
 from toolkit.plan import memory as mem
 from toolkit.plan.model_facts import from_params
-from toolkit.plan.table import plan_rows, stage_split
+from toolkit.plan.table import MIB, plan_rows, stage_split
 from toolkit.spec import TrainSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -164,9 +164,6 @@ def test_ddp_buckets_are_a_second_gradient_copy_unless_views(view: bool) -> None
     (row,) = [r for r in plan_rows(spec, from_params(1000), 2) if r.name == "ddp+torch"]
     assert row.memory.device["gradients"] == 4000
     assert row.memory.device["buffers"] == (0 if view else 4000)
-
-
-MIB = 1 << 20
 
 
 @pytest.mark.parametrize(

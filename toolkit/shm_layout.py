@@ -16,6 +16,11 @@ def flag_bytes(world_size: int) -> int:
     return FLAG_STRIDE * 8 * world_size
 
 
+def slots_bytes(world_size: int) -> int:
+    """Both slot sets, after the flags."""
+    return 2 * world_size * SLOT_BYTES
+
+
 def segment_bytes(world_size: int) -> int:
     """The whole segment, which every rank maps and, reading its peers' slots, touches."""
-    return flag_bytes(world_size) + 2 * world_size * SLOT_BYTES
+    return flag_bytes(world_size) + slots_bytes(world_size)

@@ -58,7 +58,7 @@ import torch
 import torch.distributed as dist
 
 from toolkit.errors import ToolkitError
-from toolkit.shm_layout import FLAG_STRIDE, SLOT_BYTES, flag_bytes, segment_bytes
+from toolkit.shm_layout import FLAG_STRIDE, SLOT_BYTES, flag_bytes, segment_bytes, slots_bytes
 from toolkit.spec.sections import DdpAllreduce
 
 Transport = Literal["gloo", "shared_memory"]
@@ -123,7 +123,7 @@ class SharedMemoryAllreduce:
             self._mapping,
             dtype=torch.uint8,
             offset=flag_bytes(world_size),
-            count=2 * world_size * SLOT_BYTES,
+            count=slots_bytes(world_size),
         ).view(2, world_size, SLOT_BYTES)
 
     def mean_(self, bucket: torch.Tensor) -> torch.Tensor:

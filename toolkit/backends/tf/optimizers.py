@@ -66,7 +66,7 @@ class TorchSGD(keras.optimizers.Optimizer):
                 apply_momentum(variable, buffer, lr, grad, self.momentum)
                 return
             self.assign(buffer, self.momentum * buffer + grad)
-            grad = grad + self.momentum * buffer if self.nesterov else buffer
+            grad = grad + self.momentum * buffer  # Nesterov
         self.assign_sub(variable, lr * grad)
 
 
