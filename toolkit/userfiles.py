@@ -12,9 +12,7 @@ import os
 import stat
 
 from toolkit.errors import ToolkitError
-
-KIB = 1024
-MIB = 1024 * KIB
+from toolkit.units import MIB, size_label
 
 _KINDS = (
     (stat.S_ISDIR, "a directory"),
@@ -75,7 +73,7 @@ def read_text(
     if len(data) > limit:
         raise UserFileError(
             path,
-            f"the {what} is larger than {_size(limit)}",
+            f"the {what} is larger than {size_label(limit)}",
             f"a {what} is a small text file; check the path",
         )
     try:
@@ -98,7 +96,3 @@ def _read_at_most(descriptor: int, count: int) -> bytes:
         chunks.append(chunk)
         remaining -= len(chunk)
     return b"".join(chunks)
-
-
-def _size(limit: int) -> str:
-    return f"{limit // MIB} MiB" if limit >= MIB else f"{limit // KIB} KiB"

@@ -25,9 +25,9 @@ from toolkit.bench.launching import failure, launch_with_spec
 from toolkit.parity.cases import merge
 from toolkit.ports import free_port, free_port_range
 from toolkit.spec import TrainSpec
+from toolkit.units import KIB
 
 RANK_PROGRAM = str(Path(__file__).parent / "ranks" / "toolkit_allreduce.py")
-KIB, MIB = 1 << 10, 1 << 20
 DEFAULT_SIZES = tuple(4 * KIB * 4**k for k in range(8))  # 4 KiB .. 64 MiB
 FULL_SIZES = tuple(4 * KIB * 4**k for k in range(9))  # 4 KiB .. 256 MiB
 SWEEP_TIMEOUT_S = 900

@@ -7,9 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-
-def _size(size: int) -> str:
-    return f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
+from toolkit.units import size_label
 
 
 def table(data: dict[str, Any]) -> str:
@@ -17,14 +15,14 @@ def table(data: dict[str, Any]) -> str:
     if not series:
         return "no series measured"
     sizes = series[0]["sizes"]
-    head = f"{'busbw GB/s':40}" + "".join(f"{_size(s):>9}" for s in sizes)
-    lines = [head + f"{'alpha us':>10}{'beta GB/s':>10}"]
+    size_cells = "".join(f"{size_label(s):>9}" for s in sizes)
+    lines = [f"{'busbw GB/s':40}{size_cells}{'alpha us':>10}{'beta GB/s':>10}"]
     for entry in series:
         cells = "".join(f"{bw:9.3f}" for bw in entry["busbw_gbs"])
         fit = f"{entry['alpha_us']:10.1f}{entry['beta_busbw_gbs']:10.3f}"
         lines.append(f"{entry['label'][:40]:40}{cells}{fit}")
     lines.append("")
-    lines.append(f"{'toolkit busbw / raw busbw':40}" + "".join(f"{_size(s):>9}" for s in sizes))
+    lines.append(f"{'toolkit busbw / raw busbw':40}{size_cells}")
     for label, ratios in data["toolkit_over_raw_busbw"].items():
         cells = "".join(f"{ratios.get(str(s), math.nan):9.3f}" for s in sizes)
         lines.append(f"{label[:40]:40}{cells}")

@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit.bench import record
-
-MIB = float(1 << 20)
+from toolkit.units import MIB, size_label
 
 
 def _f(value: Any, spec: str = ".3f") -> str:
@@ -110,10 +109,7 @@ def allreduce_section(data: dict[str, Any], png: str) -> list[str]:
     series = data["series"]
     sizes = series[0]["sizes"] if series else []
 
-    def size(s: int) -> str:
-        return f"{s >> 20} MiB" if s >= 1 << 20 else f"{s >> 10} KiB"
-
-    head = ["path", *(size(s) for s in sizes), "alpha (µs)", "beta (GB/s)"]
+    head = ["path", *(size_label(s) for s in sizes), "alpha (µs)", "beta (GB/s)"]
     rows = [
         [
             s["label"],
@@ -134,7 +130,7 @@ def allreduce_section(data: dict[str, Any], png: str) -> list[str]:
         "a new tensor, `run.allreduce_` reduces in place as the raw torch and Horovod calls do):",
         "",
     ]
-    lines += [*_table(["toolkit path", *(size(s) for s in sizes)], ratio_rows), ""]
+    lines += [*_table(["toolkit path", *(size_label(s) for s in sizes)], ratio_rows), ""]
     lines += [f"![allreduce]({png})", ""]
     return lines
 

@@ -30,6 +30,7 @@ from toolkit.plan.model_facts import ModelFacts
 from toolkit.plan.table import plan_rows
 from toolkit.ports import free_port, free_port_range
 from toolkit.spec import TrainSpec
+from toolkit.units import MIB
 
 PROBE = str(Path(__file__).parent / "ranks" / "memory_probe.py")
 DEFAULT_LAYERS = (512, 4096, 4096, 512, 10)
@@ -166,7 +167,7 @@ def run_memory(
 
 
 def table(data: dict[str, Any]) -> str:
-    mib = float(1 << 20)
+    mib = float(MIB)
     lines = [
         f"model: MLP {'-'.join(map(str, data['model']['layers']))} "
         f"({data['model']['parameters']:,} parameters), micro {data['model']['micro']}, 2 ranks; "

@@ -6,8 +6,7 @@ from typing import Any
 
 from toolkit.plan.model_facts import ModelFacts
 from toolkit.plan.table import PlanRow
-
-MIB = float(1 << 20)
+from toolkit.units import MIB
 
 
 def _mib(value: float | None) -> str:

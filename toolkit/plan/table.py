@@ -15,8 +15,7 @@ from toolkit.plan import memory as mem
 from toolkit.plan.model_facts import ModelFacts
 from toolkit.shm_layout import segment_bytes
 from toolkit.spec import TrainSpec
-
-MIB = 1 << 20
+from toolkit.units import MIB
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,7 @@ from typing import Any
 
 from toolkit.engines import Controller
 from toolkit.spec import TrainSpec
-
-MIB = 1024 * 1024
+from toolkit.units import MIB
 
 
 def config_file(spec: TrainSpec) -> dict[str, Any]:
