@@ -11,10 +11,19 @@ import numpy as np
 import pytest
 
 from toolkit import engines
-from toolkit.bench import allreduce, allreduce_report, bubble, cases, markdown, stats, step_report
+from toolkit.bench import (
+    allreduce,
+    allreduce_report,
+    bubble,
+    cases,
+    markdown,
+    record,
+    stats,
+    step_report,
+)
 from toolkit.bench.bare import BARE, bare_launch
 from toolkit.bench.memory import mlp_facts
-from toolkit.bench.step import case_spec, parse_setting, variants_for
+from toolkit.bench.step import CaseResult, case_spec, parse_setting, variants_for
 from toolkit.bench.workload import Workload
 from toolkit.cli import main
 from toolkit.errors import ToolkitError
@@ -314,3 +323,21 @@ def test_cli_refuses_bad_input_in_one_line(
     assert main([*argv, "--out", str(tmp_path / "out")]) == 2
     error = capsys.readouterr().err.strip()
     assert error.startswith("toolkit: error: " + says) and len(error.splitlines()) == 1
+
+
+def test_a_run_that_measured_nothing_leaves_the_last_result_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "memory.json"
+    assert record.write_measured(path, {"cases": [1]}, measured=True)
+    assert not record.write_measured(path, {"cases": [], "errors": ["x"]}, measured=False)
+    assert json.loads(path.read_text()) == {"cases": [1]}
+    assert not record.write_measured(tmp_path / "new.json", {}, measured=False)
+    assert not (tmp_path / "new.json").exists()
+
+
+def test_a_step_case_is_measured_when_any_launch_gave_a_time() -> None:
+    result = CaseResult("ddp", {}, ["native", "toolkit"])
+    result.add("native", {})
+    result.add("toolkit", {})
+    assert not result.measured
+    result.add("toolkit", {"step_s": [0.05, 0.06]})
+    assert result.measured

@@ -73,7 +73,7 @@ def test_bench_memory_tiny(tmp_path: Path, no_orphans: None) -> None:
     (case,) = json.loads((out / "memory.json").read_text())["cases"]
     # Tensor bytes, not time: AdamW's two fp32 moments per parameter (plus its step counters).
     assert case["optimizer_state"]["ratio"] == pytest.approx(1.0, rel=0.05)
-    assert case["resident"]["rss_delta"] > 0
+    assert case["resident"]["at_step_delta"] > 0
 
 
 def test_bench_bubble_tiny(tmp_path: Path, no_orphans: None) -> None:

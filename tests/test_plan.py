@@ -19,7 +19,7 @@ import pytest
 from toolkit.cli import main
 from toolkit.plan import communication as comm
 from toolkit.plan import memory as mem
-from toolkit.plan.model_facts import from_params
+from toolkit.plan.model_facts import ModelFacts, from_params
 from toolkit.plan.table import MIB, plan_rows, stage_split
 from toolkit.spec import TrainSpec
 
@@ -185,6 +185,41 @@ def test_ddp_counts_its_shared_memory_segment_where_it_has_one(
     flags = 64 * ranks if segment_mib else 0  # a cache line per rank
     assert row.memory.device["buffers"] == segment_mib * MIB + flags
     assert ("shared-memory segment" in row.note) is bool(segment_mib)
+
+
+@pytest.mark.parametrize(
+    ("layers", "fusion_mib"),
+    [
+        ((MIB, MIB), 8),  # every layer fuses: 8 MiB of gradients touch 8 MiB of the buffer
+        ((10 * MIB, 10 * MIB), 64),  # 80 MiB of small layers fill the 64 MiB buffer
+        ((17 * MIB, MIB, 0), 4),  # the 68 MiB layer is reduced alone, in place
+        ((), 64),  # layers unknown: every gradient may fuse, up to the buffer
+    ],
+)
+def test_horovod_counts_the_part_of_its_fusion_buffer_a_step_touches(
+    layers: tuple[int, ...], fusion_mib: int
+) -> None:
+    spec = TrainSpec.from_dict({"backend": "horovod", "horovod": {"fusion_threshold_mb": 64}})
+    facts = ModelFacts(
+        parameters=max(sum(layers), 20 * MIB),
+        largest_layer=max(layers, default=20 * MIB),
+        layer_parameters=layers,
+    )
+    (row,) = [r for r in plan_rows(spec, facts, 2) if r.name == "horovod+torch"]
+    assert row.memory.device["buffers"] == fusion_mib * MIB
+
+
+@pytest.mark.parametrize(("stage", "buckets"), [(0, 0), (1, 1), (2, 2), (3, 1)])
+def test_zero_buffers_are_its_reduction_copies(stage: int, buckets: int) -> None:
+    """fp32, a bucket smaller than the model: ZeRO-1 all-reduces a flattened copy of the
+    bucket, ZeRO-2 also keeps the contiguous bucket itself, ZeRO-3 only that; ZeRO-0 flattens
+    every gradient at once."""
+    zero = {"stage": stage, "reduce_bucket_size": 1000}
+    spec = TrainSpec.from_dict({"backend": "deepspeed", "zero": zero})
+    layout = mem.ZeroLayout(stage=stage)
+    memory = mem.zero(spec, layout, parameters=10_000, largest_layer=100, ranks=2, activations=0)
+    expected = 4 * 10_000 if stage == 0 else buckets * 4 * 1000
+    assert memory.device["buffers"] == expected
 
 
 def test_pipeline_split_balances_parameters() -> None:

@@ -143,9 +143,11 @@ def memory_section(data: dict[str, Any]) -> list[str]:
         "ratio",
         "model states plan / tensor census",
         "ratio",
-        "plan total / RSS Δ after steps",
+        "plan total / resident Δ at the step's high points",
         "ratio",
-        "RSS Δ peak",
+        "resident Δ after steps",
+        "ratio",
+        "resident Δ peak",
         "ratio",
     ]
     rows = []
@@ -158,9 +160,11 @@ def memory_section(data: dict[str, Any]) -> list[str]:
                 _f(o["ratio"]),
                 f"{t['plan_model_states'] / MIB:.1f} / {t['census'] / MIB:.1f}",
                 _f(t["ratio"]),
-                f"{r['plan_total'] / MIB:.1f} / {r['rss_delta'] / MIB:.1f}",
+                f"{r['plan_total'] / MIB:.1f} / {r['at_step_delta'] / MIB:.1f}",
                 _f(r["ratio"]),
-                f"{r['rss_peak_delta'] / MIB:.1f}",
+                f"{r['after_delta'] / MIB:.1f}",
+                _f(r["after_ratio"]),
+                f"{r['peak_delta'] / MIB:.1f}",
                 _f(r["peak_ratio"]),
             ]
         )

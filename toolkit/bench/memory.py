@@ -9,10 +9,12 @@ fp32 by default. Compared, per rank:
 - tensors: the census of every live torch tensor after the steps against the plan's model
   states (it misses what C++ holds, like DDP's buckets, and what a step frees, like ZeRO-2's
   gradient partition);
-- resident memory: RSS after the steps minus RSS before the model existed, against the plan's
-  total (model states + engine buffers + activations), and the peak during the steps likewise.
-  RSS also holds what the allocator keeps after a free and the step's temporaries (Adam's
-  per-parameter denominator, backward's intermediate gradients), which no plan counts.
+- resident memory: anonymous + shared-memory pages as the optimizer step begins minus the
+  same before the model existed, against the plan's total (model states + engine buffers +
+  activations); the probe's docstring says what it leaves out (library code, the allocator's
+  free pages, torch's lazy imports) and why. After the steps and the peak during them
+  likewise; the peak also holds the step's temporaries (Adam's per-parameter denominator,
+  backward's gradients before they reach a bucket), which no plan counts.
 """
 
 from __future__ import annotations
@@ -102,8 +104,10 @@ def compare(
 ) -> dict[str, Any]:
     row = next(r for r in plan_rows(spec, facts, spec.world_size) if r.name == row_name)
     planned = row.memory
-    resident = measured["rss_after_steps"] - measured["rss_baseline"]
-    peak = measured["rss_peak"] - measured["rss_baseline"]
+    baseline = measured["resident_baseline"]
+    at_step = measured["resident_at_step"] - baseline
+    after = measured["resident_after_steps"] - baseline
+    peak = measured["resident_peak"] - baseline
     optimizer = planned.device.get("optimizer", 0.0) + planned.host.get("optimizer", 0.0)
     return {
         "plan_row": row_name,
@@ -121,9 +125,11 @@ def compare(
         },
         "resident": {
             "plan_total": planned.total,
-            "rss_delta": resident,
-            "rss_peak_delta": peak,
-            "ratio": resident / planned.total,
+            "at_step_delta": at_step,
+            "after_delta": after,
+            "peak_delta": peak,
+            "ratio": at_step / planned.total,
+            "after_ratio": after / planned.total,
             "peak_ratio": peak / planned.total,
         },
     }
@@ -144,11 +150,22 @@ def run_memory(
         spec = case_spec(case, base or {}, micro)
         directory = work / f"memory{index}"
         directory.mkdir(parents=True)
-        out = directory / "memory.json"
-        args = ["--layers", ",".join(map(str, layers)), "--out", str(out)]
-        log(f"{case.name}: measuring")
-        outcome = launch_with_spec(spec, directory, PROBE, args, timeout=TIMEOUT_S)
-        reason = failure(outcome, wrote=out.exists(), missing="no results written")
+        out, modules = directory / "memory.json", directory / "modules.json"
+        args = ["--layers", ",".join(map(str, layers))]
+        log(f"{case.name}: loading the engine's modules once")
+        outcome = launch_with_spec(
+            spec,
+            directory,
+            PROBE,
+            [*args, "--out", str(directory / "first.json"), "--modules-out", str(modules)],
+            timeout=TIMEOUT_S,
+        )
+        reason = failure(outcome, wrote=modules.exists(), missing="no module list written")
+        if not reason:
+            log(f"{case.name}: measuring")
+            args += ["--preload", str(modules), "--out", str(out)]
+            outcome = launch_with_spec(spec, directory, PROBE, args, timeout=TIMEOUT_S)
+            reason = failure(outcome, wrote=out.exists(), missing="no results written")
         if reason:
             log(f"  FAILED: {reason.splitlines()[0]}")
             errors.append(f"{case.name}: {reason}")
@@ -171,10 +188,12 @@ def table(data: dict[str, Any]) -> str:
     lines = [
         f"model: MLP {'-'.join(map(str, data['model']['layers']))} "
         f"({data['model']['parameters']:,} parameters), micro {data['model']['micro']}, 2 ranks; "
-        "MiB on rank 0",
+        "MiB on rank 0; resident memory growth at the step's high points, after the steps "
+        "and at the peak",
         f"{'case':22}{'optim plan':>11}{'measured':>10}{'ratio':>7}"
         f"{'states plan':>12}{'tensors':>9}{'ratio':>7}"
-        f"{'plan total':>12}{'RSS delta':>11}{'ratio':>7}{'peak delta':>12}{'ratio':>7}",
+        f"{'plan total':>12}{'at step':>9}{'ratio':>7}{'after':>9}{'ratio':>7}"
+        f"{'peak':>9}{'ratio':>7}",
     ]
     for case in data["cases"]:
         o, t, r = case["optimizer_state"], case["tensors"], case["resident"]
@@ -182,8 +201,9 @@ def table(data: dict[str, Any]) -> str:
         lines.append(
             f"{case['case']:22}{o['plan'] / mib:11.1f}{o['measured'] / mib:10.1f}{ratio:>7}"
             f"{t['plan_model_states'] / mib:12.1f}{t['census'] / mib:9.1f}{t['ratio']:7.3f}"
-            f"{r['plan_total'] / mib:12.1f}{r['rss_delta'] / mib:11.1f}{r['ratio']:7.3f}"
-            f"{r['rss_peak_delta'] / mib:12.1f}{r['peak_ratio']:7.3f}"
+            f"{r['plan_total'] / mib:12.1f}{r['at_step_delta'] / mib:9.1f}{r['ratio']:7.3f}"
+            f"{r['after_delta'] / mib:9.1f}{r['after_ratio']:7.3f}"
+            f"{r['peak_delta'] / mib:9.1f}{r['peak_ratio']:7.3f}"
         )
     for error in data["errors"]:
         lines.append(f"error: {error.splitlines()[0]}")

@@ -57,6 +57,17 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=1, allow_nan=True) + "\n")
 
 
+def write_measured(path: Path, data: dict[str, Any], *, measured: bool) -> bool:
+    """`data` into `path` when the run measured something. A run whose every launch failed
+    writes nothing, so the last good result (docs/bench holds the project's) stays as it was;
+    its errors are printed instead. True when it wrote."""
+    if not measured:
+        print(f"nothing measured: {path} left as it was")
+        return False
+    write_json(path, data)
+    return True
+
+
 def read_json(path: Path) -> dict[str, Any]:
     data: dict[str, Any] = json.loads(path.read_text())
     return data

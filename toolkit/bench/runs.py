@@ -107,10 +107,11 @@ def run_step(args: argparse.Namespace) -> int:
         "workloads": {c.name: dataclasses.asdict(c.workload) for c in selected},
         "cases": [result.to_json() for result in results],
     }
-    record.write_json(out / f"{name}.json", data)
-    png = plot(data, out / f"{name}.png")
     print(table(data))
-    print(f"wrote {out / f'{name}.json'}, {png}")
+    measured = any(result.measured for result in results)
+    if record.write_measured(out / f"{name}.json", data, measured=measured):
+        png = plot(data, out / f"{name}.png")
+        print(f"wrote {out / f'{name}.json'}, {png}")
     return 1 if any(result.errors for result in results) else 0
 
 
@@ -142,10 +143,10 @@ def run_allreduce(args: argparse.Namespace) -> int:
         **measured,
     }
     out = Path(args.out)
-    record.write_json(out / "allreduce.json", data)
-    png = plot(data, out / "allreduce.png")
     print(table(data))
-    print(f"wrote {out / 'allreduce.json'}, {png}")
+    if record.write_measured(out / "allreduce.json", data, measured=bool(data["series"])):
+        png = plot(data, out / "allreduce.png")
+        print(f"wrote {out / 'allreduce.json'}, {png}")
     return 1 if data["errors"] else 0
 
 
@@ -178,9 +179,9 @@ def run_memory(args: argparse.Namespace) -> int:
     data = {"kind": "memory", "command": " ".join(words), "machine": record.finish(context)}
     data.update(measured)
     path = Path(args.out) / f"{args.name}.json"
-    record.write_json(path, data)
     print(memory.table(data))
-    print(f"wrote {path}")
+    if record.write_measured(path, data, measured=bool(data["cases"])):
+        print(f"wrote {path}")
     return 1 if data["errors"] else 0
 
 
@@ -214,10 +215,10 @@ def run_bubble(args: argparse.Namespace) -> int:
     data = {"kind": "bubble", "command": " ".join(words), "machine": record.finish(context)}
     data.update(measured)
     out = Path(args.out)
-    record.write_json(out / "bubble.json", data)
-    png = bubble.plot(data, out / "bubble.png")
     print(bubble.table(data))
-    print(f"wrote {out / 'bubble.json'}, {png}")
+    if record.write_measured(out / "bubble.json", data, measured=bool(data["cases"])):
+        png = bubble.plot(data, out / "bubble.png")
+        print(f"wrote {out / 'bubble.json'}, {png}")
     return 1 if data["errors"] else 0
 
 

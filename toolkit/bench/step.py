@@ -104,6 +104,11 @@ class CaseResult:
         self.figures["median"][label] += [seconds * 1e3 for seconds in wall_s]
         self.figures["cpu"][label] += [seconds * 1e3 for seconds in cpu_s]
 
+    @property
+    def measured(self) -> bool:
+        """Whether any launch of any variant gave a step time."""
+        return any(math.isfinite(ms) for times in self.figures["median"].values() for ms in times)
+
     def ratios(self, figure: str, over: str | None = None) -> dict[str, stats.Spread]:
         ms = self.figures[figure]
         base = ms[over or self.baseline]

@@ -14,7 +14,13 @@ Components (bytes per rank; P parameters, N data-parallel ranks, L the largest l
   run: DDP's gradient buckets (a second copy of the gradients unless ddp.gradient_as_bucket_view
   makes the gradients views into them) and its shared-memory allreduce segment (2 slots of 4 MiB
   per rank, mapped and touched whole by every rank, so in each one's RSS), Horovod's fusion
-  buffer, ZeRO-2/3's contiguous gradient bucket (the touched part).
+  buffer (the touched part, `horovod_fusion_bytes`), ZeRO-2/3's contiguous gradient bucket (the
+  touched part), ZeRO-0's flattened copy of the gradients it all-reduces, and ZeRO-1/2's: with
+  `use_multi_rank_bucket_allreduce`, DeepSpeed's default, every rank all-reduces a flattened
+  copy of the whole bucket (`allreduce_and_scatter` in stage_1_and_2.py), min(bucket, P)·w
+  more while it reduces. These last exist only during the reduction, and ZeRO-1/2's fp32
+  gradient partition only after it, so a sum of the components overstates ZeRO-1/2's high
+  point by that partition (`toolkit bench memory` measures both).
 - activations: what backward keeps, micro × (input + every leaf's output) × activation bytes,
   when the model is known; under the pipeline, the first stage holds min(m, p) micro-batches.
 
@@ -28,6 +34,7 @@ tests/test_plan.py holds the plan to DeepSpeed's `estimate_zero2/3_model_states_
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -116,6 +123,17 @@ class ZeroLayout:
     offload_params: bool = False
 
 
+def horovod_fusion_bytes(threshold: float, layer_gradient_bytes: Sequence[float]) -> float:
+    """The part of Horovod's fusion buffer a step touches. Horovod copies gradients into the
+    buffer only when it fuses two or more into one reduction; a tensor reduced alone is reduced
+    in place (`AllreduceOp` in horovod/common/ops). A layer whose gradients are larger than the
+    buffer fuses with nothing, so the buffer holds at most the gradients of the layers smaller
+    than it, and never more than its size. (Measured: 16 MiB of a 64 MiB buffer touched for the
+    bench MLP, whose 64 MiB layer goes alone; `toolkit bench memory`.) Without the model's
+    layers, the plan counts min(buffer, every gradient) instead."""
+    return min(threshold, sum(b for b in layer_gradient_bytes if b < threshold))
+
+
 def zero(
     spec: TrainSpec,
     layout: ZeroLayout,
@@ -147,11 +165,12 @@ def zero(
     if stage == 1:
         device["parameters"] = w * p
         device["gradients"] = w * p + (0.0 if layout.offload_optimizer else fp32_grad_partition)
+        device["buffers"] = reduce_bucket  # the all-reduced copy
     elif stage == 2:
         device["parameters"] = w * p
         grad16 = 0.0 if layout.offload_optimizer or not half(spec) else w * p / n
         device["gradients"] = grad16 + (0.0 if layout.offload_optimizer else fp32_grad_partition)
-        device["buffers"] = reduce_bucket
+        device["buffers"] = 2.0 * reduce_bucket  # the contiguous bucket and its all-reduced copy
     else:
         device["parameters"] = w * p / n
         device["gradients"] = 0.0 if layout.offload_optimizer else fp32_grad_partition

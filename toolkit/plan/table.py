@@ -87,7 +87,9 @@ def _ddp_shared_memory(s: Setting) -> bool:
 def _horovod(framework: str) -> Callable[[Setting], list[PlanRow]]:
     def rows(s: Setting) -> list[PlanRow]:
         p = s.facts.parameters
-        fusion = min(float(s.spec.horovod.fusion_threshold_mb * MIB), 4.0 * p)
+        threshold = float(s.spec.horovod.fusion_threshold_mb * MIB)
+        layers = [4.0 * n for n in s.facts.layer_parameters]
+        fusion = mem.horovod_fusion_bytes(threshold, layers) if layers else min(threshold, 4.0 * p)
         memory = mem.replicated(s.spec, p, buffers=fusion, activations=s.activations())
         sent = comm.allreduce_bytes(p, s.ranks, comm.gradient_bytes(s.spec, zero_engine=False))
         return [PlanRow(f"horovod+{framework}", memory, sent, note="buffers: fusion buffer")]

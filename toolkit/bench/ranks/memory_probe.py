@@ -2,27 +2,50 @@
 
     python toolkit/bench/ranks/memory_probe.py --spec S.json --layers 512,4096,10 --out m.json
 
-Resident set size (psutil) after `toolkit.init` (the baseline: interpreter, engine, process
-group), after `run.prepare`, and after the steps (all after a gc.collect()), with the peak during
-the steps sampled every 2 ms by a thread; and a census of the torch tensors alive after the steps,
-each storage counted once: all of them, and those held as optimizer state by any
-torch.optim.Optimizer (the engines' optimizers all end in one). The census counts allocated
-bytes; RSS counts only the pages touched (DeepSpeed's bucket of reduce_bucket_size elements is
-allocated whole and touched only as far as the gradients reach).
+Resident memory is the process's anonymous and shared-memory pages (RssAnon + RssShmem of
+/proc/self/status), read after a gc.collect() and glibc's malloc_trim(0): after `toolkit.init`
+(the baseline: interpreter, engine, process group), after `run.prepare`, at the step's high
+points (`StepReadings`: as each gradient collective and each optimizer step begins), and after
+the steps; with the peak during the steps sampled every 2 ms by a thread (no trim there). The
+step's reading is the moment `toolkit plan` describes: parameters, gradients, optimizer state
+and engine buffers all alive (the activations are freed by then). After the steps, some
+engines have freed their gradients (DeepSpeed's ZeRO-0 to 2). Left out of every reading, and
+why:
+
+- file-backed pages (RssFile): library code paged in as new kernels first run, 10-20 MiB a
+  rank here, shared by every process that maps the library and dropped by the kernel at will;
+  recorded apart as `file_backed_growth`;
+- what the allocator keeps after a free: without the trim, RSS after the steps moved by tens
+  of MiB from run to run;
+- the engines' lazy imports: the first `optimizer.step()` of a process imports torch._dynamo
+  (836 modules, sympy among them), 67 MiB of anonymous memory a rank on torch 2.13, whichever
+  engine runs it; `deepspeed.initialize` imports 615 more (torch._inductor's code generators,
+  networkx), 50 MiB. Code is not the job's data, and no plan counts it, so the bench runs each
+  case twice: the first run writes the modules it loaded (`--modules-out`), the second imports
+  them before its baseline (`--preload`) and is the one measured.
+
+And a census of the torch tensors alive after the steps, each storage counted once: all of
+them, and those held as optimizer state by any torch.optim.Optimizer (the engines' optimizers
+all end in one). The census counts allocated bytes; resident memory counts only the pages
+touched (DeepSpeed's bucket of reduce_bucket_size elements is allocated whole and touched only
+as far as the gradients reach).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
+import importlib
 import json
 import sys
 import threading
 from pathlib import Path
 from typing import Any
 
-import psutil
 import torch
+import torch.distributed as dist
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from toolkit.bench.native._torch_model import mlp
 from toolkit.bench.ranks._toolkit_job import start_toolkit, synthetic
@@ -34,23 +57,55 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--layers", required=True)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--modules-out", help="rank 0 writes the modules loaded by the end here")
+    parser.add_argument("--preload", help="import the modules listed here before the baseline")
     args, _ = parser.parse_known_args(argv)
     return args
 
 
+def preload(listing: str) -> list[str]:
+    """Import, in their order, the modules an earlier run of the same case loaded; the names of
+    those that would not import here (they are left out of the baseline, so counted)."""
+    failed = []
+    for name in json.loads(Path(listing).read_text()):
+        if name in sys.modules or name.startswith("__"):
+            continue
+        try:
+            importlib.import_module(name)
+        except Exception:
+            failed.append(name)
+    return failed
+
+
+def status_kib() -> dict[str, int]:
+    """The resident-memory lines of /proc/self/status, in KiB."""
+    found = {}
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(("RssAnon:", "RssFile:", "RssShmem:")):
+                name, kib, _ = line.split()
+                found[name.rstrip(":")] = int(kib)
+    return found
+
+
+def resident_now() -> int:
+    """Anonymous plus shared-memory bytes resident, as they are (the peak sampler's view)."""
+    kib = status_kib()
+    return (kib["RssAnon"] + kib["RssShmem"]) * 1024
+
+
 class PeakSampler:
-    """The highest RSS seen while it runs."""
+    """The highest resident memory seen while it runs."""
 
     def __init__(self, interval: float = 0.002) -> None:
-        self.process = psutil.Process()
         self.interval = interval
-        self.peak = self.process.memory_info().rss
+        self.peak = resident_now()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._sample, daemon=True)
 
     def _sample(self) -> None:
         while not self.stop.wait(self.interval):
-            self.peak = max(self.peak, self.process.memory_info().rss)
+            self.peak = max(self.peak, resident_now())
 
     def __enter__(self) -> PeakSampler:
         self.thread.start()
@@ -61,9 +116,56 @@ class PeakSampler:
         self.thread.join()
 
 
-def rss() -> int:
+_LIBC = ctypes.CDLL("libc.so.6")
+
+
+def settled() -> tuple[int, int]:
+    """Resident anonymous + shared-memory bytes once garbage is collected and glibc has handed
+    its free pages back, and the file-backed bytes beside them."""
     gc.collect()
-    return int(psutil.Process().memory_info().rss)
+    _LIBC.malloc_trim(0)
+    kib = status_kib()
+    return (kib["RssAnon"] + kib["RssShmem"]) * 1024, kib["RssFile"] * 1024
+
+
+class StepReadings:
+    """The settled resident memory at a step's high points, the highest kept: as every
+    optimizer step begins (a global torch.optim pre-hook; the engines' optimizers all end in a
+    torch one) and as every torch.distributed collective of 1 MiB or more begins, where an
+    engine's transient buffers live (ZeRO-0's flattened gradients, the full gradients ZeRO-1/2
+    reduce into their partition and then free). Horovod's and the DDP shared-memory path's
+    reductions are not torch.distributed calls; their buffers persist, so the step's reading
+    sees them."""
+
+    COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "reduce")
+
+    def __init__(self) -> None:
+        self.highest = 0
+        self.originals = {name: getattr(dist, name) for name in self.COLLECTIVES}
+        self.handle = register_optimizer_step_pre_hook(self._read)
+
+    def _read(self, *_: Any) -> None:
+        self.highest = max(self.highest, settled()[0])
+
+    def _reading_first(self, name: str) -> Any:
+        original = self.originals[name]
+
+        def collective(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            if tensor.numel() * tensor.element_size() >= 1 << 20:
+                self._read()
+            return original(tensor, *args, **kwargs)
+
+        return collective
+
+    def __enter__(self) -> StepReadings:
+        for name in self.COLLECTIVES:
+            setattr(dist, name, self._reading_first(name))
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.handle.remove()
+        for name, original in self.originals.items():
+            setattr(dist, name, original)
 
 
 def _storage(tensor: torch.Tensor) -> tuple[int, int] | None:
@@ -97,11 +199,12 @@ def main() -> int:
     spec, run = start_toolkit(args.spec)
     widths = [int(w) for w in args.layers.split(",")]
     loader = run.loader(synthetic(widths, spec.batch_for(run.world_size).global_ * 2))
-    baseline = rss()
+    not_preloaded = preload(args.preload) if args.preload else []
+    baseline, file_baseline = settled()
     torch.manual_seed(0)
     run.prepare(mlp(widths))
-    prepared = rss()
-    with PeakSampler() as sampler:
+    prepared, _ = settled()
+    with PeakSampler() as sampler, StepReadings() as at_step:
         done = 0
         while done < args.steps:
             for micro_batches in loader:
@@ -109,14 +212,17 @@ def main() -> int:
                 done += 1
                 if done == args.steps:
                     break
-    after = rss()
+    after, file_after = settled()
     counted = census()
     record = {
         "rank": run.rank,
-        "rss_baseline": baseline,
-        "rss_prepared": prepared,
-        "rss_after_steps": after,
-        "rss_peak": max(sampler.peak, after),
+        "resident_baseline": baseline,
+        "resident_prepared": prepared,
+        "resident_at_step": at_step.highest,
+        "resident_after_steps": after,
+        "resident_peak": max(sampler.peak, after),
+        "file_backed_growth": file_after - file_baseline,
+        "not_preloaded": not_preloaded,
         **counted,
     }
     records: list[Any] = [record]
@@ -125,6 +231,8 @@ def main() -> int:
         torch.distributed.all_gather_object(records, record)
     if run.is_main:
         Path(args.out).write_text(json.dumps(records))
+        if args.modules_out:
+            Path(args.modules_out).write_text(json.dumps(list(sys.modules)))
     run.shutdown()
     return 0
 
