@@ -22,6 +22,7 @@ from toolkit.bench import (
     step_report,
 )
 from toolkit.bench.bare import BARE, bare_launch
+from toolkit.bench.inprocess import resolved
 from toolkit.bench.memory import mlp_facts
 from toolkit.bench.step import CaseResult, case_spec, parse_setting, variants_for
 from toolkit.bench.workload import Workload
@@ -341,3 +342,52 @@ def test_a_step_case_is_measured_when_any_launch_gave_a_time() -> None:
     assert not result.measured
     result.add("toolkit", {"step_s": [0.05, 0.06]})
     assert result.measured
+
+
+def _in_process_result(toolkit_ms: list[float], cycles: list[int]) -> CaseResult:
+    result = CaseResult("ddp", {}, ["native", "toolkit"], figures={"median": {}, "cpu": {}})
+    result.extend("native", [0.1] * len(toolkit_ms), [0.1] * len(toolkit_ms))
+    result.extend("toolkit", [ms / 1e3 for ms in toolkit_ms], [0.1] * len(toolkit_ms))
+    result.launch_cycles = cycles
+    return result
+
+
+def test_between_launches_takes_each_launchs_median_cycle_ratio() -> None:
+    result = _in_process_result([101, 103, 102, 110, 90, 110, 110], [3, 1, 3])
+    assert result.launch_ratios("toolkit") == pytest.approx([1.02, 1.10, 1.10])
+    assert result.between_launches()["toolkit"].n == 3
+    assert result.to_json()["launch_ratio_to_baseline"]["toolkit"]["median"] == pytest.approx(1.1)
+
+
+def test_a_ratio_is_resolved_only_over_enough_launches_that_agree() -> None:
+    steady = _in_process_result([101.0, 101.1, 100.9, 101.0, 101.05] * 2, [2] * 5)
+    assert resolved(steady, 0.01)
+    assert not resolved(steady, 0.0001)
+    too_few = _in_process_result([101.0] * 8, [2] * 4)
+    assert not resolved(too_few, 0.01)
+    scattered = _in_process_result([100, 100, 110, 110, 95, 95, 120, 120, 101, 101], [2] * 5)
+    assert not resolved(scattered, 0.01)
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (["--resolve", "0.01"], "--resolve 0.01: resolves toolkit / native over the launches"),
+        (["--in-process", "--resolve", "0.01", "--reps", "5", "--max-reps", "3"], "--max-reps 3"),
+    ],
+)
+def test_resolve_asks_for_what_it_needs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], words: str
+) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("backend: ddp\n")
+    assert main(["bench", "step", "--spec", str(spec), *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and words in err
+
+
+def test_resolve_is_a_fraction(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main(["bench", "step", "--spec", "x.yaml", "--in-process", "--resolve", "1.5"])
+    assert stop.value.code == 2
+    assert "must be between 0 and 1" in capsys.readouterr().err

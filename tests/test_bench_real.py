@@ -45,11 +45,16 @@ def test_bench_step_in_process_tiny(tmp_path: Path, no_orphans: None) -> None:
     out = tmp_path / "out"
     argv = ["bench", "step", "--spec", str(spec), "--in-process", "--reps", "1", "--steps", "2"]
     argv += ["--warmup", "1", "--layers", "16,8,4", "--micro", "4", "--out", str(out)]
+    # No 2 launches resolve a ratio to a millionth: --resolve adds one launch past --reps, and
+    # --max-reps stops it there.
+    argv += ["--resolve", "0.000001", "--max-reps", "2"]
     assert main(argv) == 0
     (case,) = json.loads((out / "step.json").read_text())["cases"]
     assert case["errors"] == []
     assert {"native", "toolkit", "native-again", "toolkit+global-loss"} <= set(case["median_ms"])
     assert all(math.isfinite(ms) and ms > 0 for ms in case["median_ms"].values())
+    between = case["launch_ratio_to_baseline"]["toolkit"]
+    assert between["n"] == 2 and math.isfinite(between["median"])
 
 
 def test_bench_allreduce_tiny(tmp_path: Path, no_orphans: None) -> None:

@@ -3,13 +3,20 @@
 One launch per repetition of ranks/inprocess_step.py under the case's launch plan; each launch
 alternates the engine's documented step and the toolkit's train_step (and the A/A and
 patched variants) for `steps` cycles. Every cycle is one ratio: the figures are the medians
-over all cycles of all launches, with bootstrap intervals over cycles.
+over all cycles of all launches, with bootstrap intervals over cycles, and beside them each
+launch's median ratio with an interval over launches (`CaseResult.between_launches`).
+
+With `resolve` set, a case keeps launching past `reps` until the interval over launches of
+toolkit / native lies within ±resolve of its median (at least `MIN_LAUNCHES_TO_RESOLVE`
+launches, at most `max_reps`): on a shared 2-core machine, 3 launches resolved a few percent,
+and the issue asks whether the adapter costs 1%.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from toolkit.bench.cases import StepCase
 from toolkit.bench.launching import failure, launch_with_spec
@@ -19,12 +26,42 @@ RANK_PROGRAM = str(Path(__file__).parent / "ranks" / "inprocess_step.py")
 DEFAULT_PATCHES = ("global-loss",)
 
 
+MIN_LAUNCHES_TO_RESOLVE = 5
+"""Below 5 values a bootstrap interval of the median is no tighter than min..max."""
+
+
+def resolved(result: CaseResult, within: float) -> bool:
+    """Whether toolkit / native is known to ±`within` of its median, over launches."""
+    spread = result.between_launches().get("toolkit")
+    if spread is None or spread.n < MIN_LAUNCHES_TO_RESOLVE:
+        return False
+    return max(spread.median - spread.ci_low, spread.ci_high - spread.median) <= (
+        within * spread.median
+    )
+
+
 class InProcessBench(StepBench):
+    def __init__(
+        self, *args: Any, resolve: float | None = None, max_reps: int = 0, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.resolve = resolve
+        self.max_reps = max_reps
+
+    def _more(self, result: CaseResult, rep: int, reps: int) -> bool:
+        if rep < reps:
+            return True
+        if self.resolve is None or rep >= self.max_reps:
+            return False
+        return not resolved(result, self.resolve)
+
     def run_case(self, case: StepCase, variants: list[Variant], reps: int) -> CaseResult:
         labels = [variant.label for variant in variants]
         patches = [p for v in variants if v.extra[:1] == ("--patch",) for p in v.extra[1:]]
         result = CaseResult(case.name, case.spec, labels, figures={"median": {}, "cpu": {}})
-        for rep in range(reps):
+        rep = 0
+        while self._more(result, rep, reps):
+            index, rep = rep, rep + 1
             self.launches += 1
             directory = self.work / f"launch{self.launches:03d}"
             directory.mkdir(parents=True)
@@ -37,15 +74,18 @@ class InProcessBench(StepBench):
             )
             reason = failure(outcome, wrote=out.exists(), missing="no timings written")
             if reason:
-                self.log(f"  {case.name} rep {rep}: FAILED {reason.splitlines()[0]}")
-                result.errors.append(f"rep {rep}: {reason}")
+                self.log(f"  {case.name} rep {index}: FAILED {reason.splitlines()[0]}")
+                result.errors.append(f"rep {index}: {reason}")
                 continue
             record = json.loads(out.read_text())
             for label in labels:
                 result.extend(label, record["step_s"][label], record["cpu_s"][label])
+            result.launch_cycles.append(len(record["step_s"][labels[0]]))
             medians = result.to_json()["median_ms"]
+            between = result.between_launches()["toolkit"]
             self.log(
-                f"  {case.name} rep {rep}: "
+                f"  {case.name} rep {index}: "
                 + ", ".join(f"{label} {ms:.1f} ms" for label, ms in medians.items())
+                + f"; toolkit / native over launches {between.text()}"
             )
         return result

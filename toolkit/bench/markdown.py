@@ -70,8 +70,14 @@ def step_section(data: dict[str, Any], title: str, png: str) -> list[str]:
             row.append(f"{_f(parts.get('compute'), '.1f')} + {_f(parts.get('move'), '.1f')}")
         rows.append(row)
     lines = [f"### {title}", "", _machine(data), ""]
+    reps = str(data["reps"])
+    if data.get("resolve"):
+        reps = (
+            f"{data['reps']} to {data['max_reps']} (until toolkit / native was known to "
+            f"±{data['resolve']:.1%} over launches)"
+        )
     lines.append(
-        f"{data['reps']} repetitions of {data['warmup']} untimed + {data['steps']} timed steps "
+        f"{reps} repetitions of {data['warmup']} untimed + {data['steps']} timed steps "
         "per launch. ms: median over repetitions of each launch's median step. Ratios: median "
         "over repetitions of the ratio of two launches of the same repetition, [bootstrap 95% "
         "interval of that median] (min..max); `native-again / native` is the A/A noise floor."
@@ -81,6 +87,11 @@ def step_section(data: dict[str, Any], title: str, png: str) -> list[str]:
         (
             "p10_ratio_to_baseline",
             "each launch's 10th-percentile step (the steps other jobs disturbed least)",
+        ),
+        (
+            "launch_ratio_to_baseline",
+            "each launch's median cycle ratio, [interval over launches]: a launch can sit a "
+            "percent or two off the next, which the interval over pooled cycles does not see",
         ),
         (
             "cpu_ratio_to_baseline",

@@ -21,6 +21,8 @@ def _step_command(args: argparse.Namespace) -> str:
     words += ["--floor"] if args.floor else []
     words += ["--in-process"] if args.in_process else []
     words += ["--reps", str(args.reps), "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    if args.resolve is not None:
+        words += ["--resolve", str(args.resolve), "--max-reps", str(args.max_reps)]
     words += ["--cases", *args.cases] if args.cases else []
     words += ["--name", args.name] if args.name != "step" else []
     for name in args.patch:
@@ -93,8 +95,24 @@ def run_step(args: argparse.Namespace) -> int:
         from toolkit.bench.inprocess import InProcessBench
 
         runner = InProcessBench
+    if args.resolve is not None and not args.in_process:
+        raise ToolkitError(
+            f"--resolve {args.resolve}: resolves toolkit / native over the launches of "
+            "--in-process runs",
+            "add --in-process, or leave --resolve out and raise --reps",
+        )
+    if args.resolve is not None and args.max_reps < args.reps:
+        raise ToolkitError(
+            f"--max-reps {args.max_reps}: fewer than --reps {args.reps}",
+            "--max-reps bounds the launches --resolve adds after --reps",
+        )
+    extra: dict[str, Any] = {}
+    if args.in_process:
+        extra = {"resolve": args.resolve, "max_reps": args.max_reps}
     with tempfile.TemporaryDirectory(prefix="toolkit-bench-") as work:
-        bench = runner(Path(work), user, steps=args.steps, warmup=args.warmup, log=log_stderr)
+        bench = runner(
+            Path(work), user, steps=args.steps, warmup=args.warmup, log=log_stderr, **extra
+        )
         results = bench.run(selected, variants, args.reps)
     name = args.name
     data = {
@@ -102,6 +120,8 @@ def run_step(args: argparse.Namespace) -> int:
         "command": _step_command(args),
         "machine": record.finish(context),
         "reps": args.reps,
+        "resolve": args.resolve,
+        "max_reps": args.max_reps if args.resolve is not None else None,
         "steps": args.steps,
         "warmup": args.warmup,
         "workloads": {c.name: dataclasses.asdict(c.workload) for c in selected},

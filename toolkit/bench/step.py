@@ -83,6 +83,8 @@ class CaseResult:
     """The floor's median compute and move per launch (`compute`, `move`)."""
     settings: dict[str, Any] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    launch_cycles: list[int] = field(default_factory=list)
+    """In-process: the cycles each launch added, in order (empty for launch-by-launch runs)."""
 
     def __post_init__(self) -> None:
         names = self.figures or FIGURES
@@ -114,6 +116,23 @@ class CaseResult:
         base = ms[over or self.baseline]
         return {label: stats.spread(stats.ratios(ms[label], base)) for label in self.variants[1:]}
 
+    def launch_ratios(self, label: str) -> list[float]:
+        """In-process: each launch's median over its cycles of `label` / the baseline."""
+        cycles = stats.ratios(self.figures["median"][label], self.figures["median"][self.baseline])
+        found, start = [], 0
+        for count in self.launch_cycles:
+            found.append(stats.median(cycles[start : start + count]))
+            start += count
+        return found
+
+    def between_launches(self) -> dict[str, stats.Spread]:
+        """Each variant / the baseline with its spread over launches, not cycles: a launch
+        can sit a percent or two off the next (where its memory landed, what else ran), which
+        an interval over pooled cycles does not see."""
+        if not self.launch_cycles:
+            return {}
+        return {label: stats.spread(self.launch_ratios(label)) for label in self.variants[1:]}
+
     def add_floor_parts(self, record: dict[str, Any]) -> None:
         for part in ("compute", "move"):
             seconds = record.get(f"{part}_s") or [math.nan]
@@ -139,6 +158,9 @@ class CaseResult:
                 else {}
             ),
             "cpu_ratio_to_baseline": {k: v.to_json() for k, v in self.ratios("cpu").items()},
+            "launch_ratio_to_baseline": {
+                k: v.to_json() for k, v in self.between_launches().items()
+            },
             "toolkit_over_defaults": self.toolkit_over("defaults"),
             "toolkit_over_floor": self.toolkit_over("floor"),
             "floor_parts_ms": {part: stats.median(ms) for part, ms in self.floor_parts_ms.items()},

@@ -32,6 +32,16 @@ def _positive(text: str) -> int:
     return value
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be between 0 and 1, e.g. 0.01 for 1%")
+    return value
+
+
 def _layers(text: str) -> tuple[int, ...]:
     try:
         widths = tuple(int(part) for part in text.split(","))
@@ -86,6 +96,17 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="alternate native and toolkit step by step in the same processes (the adapter's "
         "cost alone, robust to other jobs); --steps counts cycles",
+    )
+    step.add_argument(
+        "--resolve",
+        type=_fraction,
+        default=None,
+        metavar="FRACTION",
+        help="with --in-process: launch past --reps until toolkit / native is known to "
+        "±FRACTION over launches (e.g. 0.01), at most --max-reps",
+    )
+    step.add_argument(
+        "--max-reps", type=_positive, default=12, help="with --resolve: the most launches a case"
     )
     step.add_argument(
         "--cases", nargs="*", default=[], metavar="PATTERN", help="with --all: only these"
