@@ -70,14 +70,14 @@ def step_section(data: dict[str, Any], title: str, png: str) -> list[str]:
             row.append(f"{_f(parts.get('compute'), '.1f')} + {_f(parts.get('move'), '.1f')}")
         rows.append(row)
     lines = [f"### {title}", "", _machine(data), ""]
-    reps = str(data["reps"])
+    reps = f"{data['reps']} repetitions"
     if data.get("resolve"):
         reps = (
-            f"{data['reps']} to {data['max_reps']} (until toolkit / native was known to "
-            f"±{data['resolve']:.1%} over launches)"
+            f"{data['reps']} to {data['max_reps']} repetitions (until toolkit / native was known "
+            f"to ±{data['resolve']:.1%} over launches)"
         )
     lines.append(
-        f"{reps} repetitions of {data['warmup']} untimed + {data['steps']} timed steps "
+        f"{reps} of {data['warmup']} untimed + {data['steps']} timed steps "
         "per launch. ms: median over repetitions of each launch's median step. Ratios: median "
         "over repetitions of the ratio of two launches of the same repetition, [bootstrap 95% "
         "interval of that median] (min..max); `native-again / native` is the A/A noise floor."

@@ -72,7 +72,7 @@ def preload(listing: str) -> list[str]:
             continue
         try:
             importlib.import_module(name)
-        except Exception:
+        except Exception:  # some import only where their parent chose to load them
             failed.append(name)
     return failed
 
@@ -135,7 +135,8 @@ class StepReadings:
     engine's transient buffers live (ZeRO-0's flattened gradients, the full gradients ZeRO-1/2
     reduce into their partition and then free). Horovod's and the DDP shared-memory path's
     reductions are not torch.distributed calls; their buffers persist, so the step's reading
-    sees them."""
+    sees them. ZeRO-3's gathers and reduce-scatters are not reached either: DeepSpeed binds
+    those functions when it starts (`all_gather_function` in deepspeed/comm/torch.py)."""
 
     COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "reduce")
 
