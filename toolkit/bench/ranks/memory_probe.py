@@ -44,7 +44,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from toolkit.bench.native._torch_model import mlp
@@ -128,29 +127,44 @@ def settled() -> tuple[int, int]:
     return (kib["RssAnon"] + kib["RssShmem"]) * 1024, kib["RssFile"] * 1024
 
 
+COLLECTIVES: dict[str, tuple[str, ...]] = {
+    "torch.distributed": (
+        "all_reduce",
+        "reduce_scatter_tensor",
+        "all_gather_into_tensor",
+        "reduce",
+    ),
+    "deepspeed.comm": ("reduce_scatter_fn", "allgather_fn"),
+}
+"""Module -> the collectives `StepReadings` reads memory before; each takes the tensor first
+(DeepSpeed's two, the output)."""
+
+
 class StepReadings:
     """The settled resident memory at a step's high points, the highest kept: as every
     optimizer step begins (a global torch.optim pre-hook; the engines' optimizers all end in a
-    torch one) and as every torch.distributed collective of 1 MiB or more begins, where an
-    engine's transient buffers live (ZeRO-0's flattened gradients, the full gradients ZeRO-1/2
-    reduce into their partition and then free). Horovod's and the DDP shared-memory path's
-    reductions are not torch.distributed calls; their buffers persist, so the step's reading
-    sees them. ZeRO-3's gathers and reduce-scatters are not reached either: DeepSpeed binds
-    those functions when it starts (`all_gather_function` in deepspeed/comm/torch.py)."""
-
-    COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "reduce")
+    torch one) and as every collective of 1 MiB or more begins, where an engine's transient
+    buffers live (ZeRO-0's flattened gradients, the full gradients ZeRO-1/2 reduce into their
+    partition and then free, the gradients of the layer ZeRO-3 has gathered). The collectives
+    are torch.distributed's, and DeepSpeed's `reduce_scatter_fn` and `allgather_fn`, through
+    which ZeRO-3 goes (its `all_gather_function` was bound to torch's when DeepSpeed started,
+    out of reach of a wrapper on torch.distributed). Horovod's and the DDP shared-memory
+    path's reductions are neither; their buffers persist, so the step's reading sees them."""
 
     def __init__(self) -> None:
         self.highest = 0
-        self.originals = {name: getattr(dist, name) for name in self.COLLECTIVES}
+        self.originals = [
+            (sys.modules[module], name, getattr(sys.modules[module], name))
+            for module, names in COLLECTIVES.items()
+            if module in sys.modules
+            for name in names
+        ]
         self.handle = register_optimizer_step_pre_hook(self._read)
 
     def _read(self, *_: Any) -> None:
         self.highest = max(self.highest, settled()[0])
 
-    def _reading_first(self, name: str) -> Any:
-        original = self.originals[name]
-
+    def _reading_first(self, original: Any) -> Any:
         def collective(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             if tensor.numel() * tensor.element_size() >= 1 << 20:
                 self._read()
@@ -159,14 +173,14 @@ class StepReadings:
         return collective
 
     def __enter__(self) -> StepReadings:
-        for name in self.COLLECTIVES:
-            setattr(dist, name, self._reading_first(name))
+        for module, name, original in self.originals:
+            setattr(module, name, self._reading_first(original))
         return self
 
     def __exit__(self, *_: Any) -> None:
         self.handle.remove()
-        for name, original in self.originals.items():
-            setattr(dist, name, original)
+        for module, name, original in self.originals:
+            setattr(module, name, original)
 
 
 def _storage(tensor: torch.Tensor) -> tuple[int, int] | None:
