@@ -222,6 +222,34 @@ def test_zero_buffers_are_its_reduction_copies(stage: int, buckets: int) -> None
     assert memory.device["buffers"] == expected
 
 
+@pytest.mark.parametrize("stage", [1, 2])
+def test_zero12_totals_count_the_copy_or_the_partition_not_both(stage: int) -> None:
+    """fp32, 2 ranks, 10,000 parameters: the fp32 gradient partition (20,000 bytes) and the
+    all-reduced copy of a 1,000-element bucket (4,000 bytes) never coexist."""
+    zero = {"stage": stage, "reduce_bucket_size": 1000}
+    spec = TrainSpec.from_dict({"backend": "deepspeed", "zero": zero})
+    layout = mem.ZeroLayout(stage=stage)
+    memory = mem.zero(spec, layout, parameters=10_000, largest_layer=100, ranks=2, activations=0)
+    summed = sum(memory.device.values()) + sum(memory.host.values())
+    assert memory.never_together == 4000
+    assert memory.total == summed - 4000
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        mem.ZeroLayout(stage=0),
+        mem.ZeroLayout(stage=3),
+        mem.ZeroLayout(stage=2, offload_optimizer=True),
+    ],
+)
+def test_other_layouts_hold_everything_they_count_at_once(layout: mem.ZeroLayout) -> None:
+    spec = TrainSpec.from_dict({"backend": "deepspeed", "zero": {"stage": layout.stage}})
+    memory = mem.zero(spec, layout, parameters=10_000, largest_layer=100, ranks=2, activations=0)
+    assert memory.never_together == 0
+    assert memory.total == sum(memory.device.values()) + sum(memory.host.values())
+
+
 def test_pipeline_split_balances_parameters() -> None:
     assert stage_split((10, 0, 10, 0, 10, 0, 10), 2) == [2]
     assert stage_split((1, 1, 1, 1), 4) == [0, 1, 2]

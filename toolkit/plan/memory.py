@@ -18,9 +18,9 @@ Components (bytes per rank; P parameters, N data-parallel ranks, L the largest l
   touched part), ZeRO-0's flattened copy of the gradients it all-reduces, and ZeRO-1/2's: with
   `use_multi_rank_bucket_allreduce`, DeepSpeed's default, every rank all-reduces a flattened
   copy of the whole bucket (`allreduce_and_scatter` in stage_1_and_2.py), min(bucket, P)·w
-  more while it reduces. These last exist only during the reduction, and ZeRO-1/2's fp32
-  gradient partition only after it, so a sum of the components overstates ZeRO-1/2's high
-  point by that partition (`toolkit bench memory` measures both).
+  more while it reduces. These last exist only during the reduction; ZeRO-1/2's fp32 gradient
+  partition exists only after it (`step()` builds it from the reduced gradients and drops it
+  when the step ends), so the total counts the larger of the two (`Memory.never_together`).
 - activations: what backward keeps, micro × (input + every leaf's output) × activation bytes,
   when the model is known; under the pipeline, the first stage holds min(m, p) micro-batches.
 
@@ -52,6 +52,10 @@ class Memory:
     device: dict[str, float] = field(default_factory=dict)
     host: dict[str, float] = field(default_factory=dict)
     activations: float | None = None
+    never_together: float = 0.0
+    """Bytes counted in two components that the engine never holds at the same time (the
+    smaller of the two), left out of the total: ZeRO-1/2's all-reduced copy of the bucket is
+    freed before their fp32 gradient partition is filled."""
 
     def _sum(self, names: tuple[str, ...]) -> float:
         return sum(self.device.get(n, 0.0) + self.host.get(n, 0.0) for n in names)
@@ -70,7 +74,7 @@ class Memory:
 
     @property
     def total(self) -> float:
-        return self._sum(COMPONENTS) + (self.activations or 0.0)
+        return self._sum(COMPONENTS) + (self.activations or 0.0) - self.never_together
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -176,6 +180,9 @@ def zero(
         device["gradients"] = 0.0 if layout.offload_optimizer else fp32_grad_partition
         device["working"] = 2.0 * w * largest_layer
         device["buffers"] = reduce_bucket
+    never_together = 0.0
+    if stage in (1, 2) and not layout.offload_optimizer:
+        never_together = min(fp32_grad_partition, reduce_bucket)
     if layout.offload_optimizer:
         host.update(states, gradients=fp32_grad_partition)
         if layout.offload_params and stage == 3:
@@ -183,4 +190,4 @@ def zero(
             device["parameters"] = 0.0
     else:
         device.update(states)
-    return Memory(device=device, host=host, activations=activations)
+    return Memory(device=device, host=host, activations=activations, never_together=never_together)

@@ -30,17 +30,22 @@ def text(rows: list[PlanRow], facts: ModelFacts, ranks: int, header: str) -> str
             return float(memory.device.get(name, 0.0) + memory.host.get(name, 0.0))
 
         bubble = "-" if row.bubble is None else f"{row.bubble:.3f}"
+        notes = [row.note] if row.note else []
+        if memory.never_together:
+            notes.append(f"total less {_mib(memory.never_together)} never held together")
         lines.append(
             f"{row.name:38}{_mib(both('parameters')):>9}{_mib(both('gradients')):>9}"
             f"{_mib(both('master')):>9}{_mib(both('optimizer')):>9}{_mib(both('working')):>9}"
             f"{_mib(both('buffers')):>9}{_mib(memory.activations):>9}"
             f"{_mib(sum(memory.host.values())):>9}{_mib(memory.total):>10}"
-            f"{_mib(row.bytes_per_step):>11}{bubble:>8}" + (f"  ({row.note})" if row.note else "")
+            f"{_mib(row.bytes_per_step):>11}{bubble:>8}"
+            + (f"  ({'; '.join(notes)})" if notes else "")
         )
     lines.append("")
     lines.append(
         "host = what offload moves off the device (included in the columns before it); "
-        "sent/step = MiB each rank sends per optimizer step"
+        "sent/step = MiB each rank sends per optimizer step; ZeRO-1/2 free their all-reduced "
+        "copy of the bucket before they fill their fp32 gradient partition"
     )
     return "\n".join(lines)
 
