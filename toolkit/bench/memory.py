@@ -9,12 +9,13 @@ fp32 by default. Compared, per rank:
 - tensors: the census of every live torch tensor after the steps against the plan's model
   states (it misses what C++ holds, like DDP's buckets, and what a step frees, like ZeRO-2's
   gradient partition);
-- resident memory: anonymous + shared-memory pages as the optimizer step begins minus the
-  same before the model existed, against the plan's total (model states + engine buffers +
-  activations); the probe's docstring says what it leaves out (library code, the allocator's
-  free pages, torch's lazy imports) and why. After the steps and the peak during them
-  likewise; the peak also holds the step's temporaries (Adam's per-parameter denominator,
-  backward's gradients before they reach a bucket), which no plan counts.
+- resident memory: anonymous + shared-memory pages at the step's high points (as each
+  gradient collective and each optimizer step begins) minus the same before the model
+  existed, against the plan's total (model states + engine buffers + activations); the
+  probe's docstring says what it leaves out (library code, the allocator's free pages, the
+  engines' lazy imports) and why. After the steps and the peak during them likewise; the peak
+  also holds the step's temporaries (Adam's per-parameter denominator, backward's gradients
+  before they reach a bucket), which no plan counts.
 """
 
 from __future__ import annotations
@@ -184,7 +185,6 @@ def run_memory(
 
 
 def table(data: dict[str, Any]) -> str:
-    mib = float(MIB)
     lines = [
         f"model: MLP {'-'.join(map(str, data['model']['layers']))} "
         f"({data['model']['parameters']:,} parameters), micro {data['model']['micro']}, 2 ranks; "
@@ -199,11 +199,11 @@ def table(data: dict[str, Any]) -> str:
         o, t, r = case["optimizer_state"], case["tensors"], case["resident"]
         ratio = "-" if o["ratio"] is None else f"{o['ratio']:.3f}"
         lines.append(
-            f"{case['case']:22}{o['plan'] / mib:11.1f}{o['measured'] / mib:10.1f}{ratio:>7}"
-            f"{t['plan_model_states'] / mib:12.1f}{t['census'] / mib:9.1f}{t['ratio']:7.3f}"
-            f"{r['plan_total'] / mib:12.1f}{r['at_step_delta'] / mib:9.1f}{r['ratio']:7.3f}"
-            f"{r['after_delta'] / mib:9.1f}{r['after_ratio']:7.3f}"
-            f"{r['peak_delta'] / mib:9.1f}{r['peak_ratio']:7.3f}"
+            f"{case['case']:22}{o['plan'] / MIB:11.1f}{o['measured'] / MIB:10.1f}{ratio:>7}"
+            f"{t['plan_model_states'] / MIB:12.1f}{t['census'] / MIB:9.1f}{t['ratio']:7.3f}"
+            f"{r['plan_total'] / MIB:12.1f}{r['at_step_delta'] / MIB:9.1f}{r['ratio']:7.3f}"
+            f"{r['after_delta'] / MIB:9.1f}{r['after_ratio']:7.3f}"
+            f"{r['peak_delta'] / MIB:9.1f}{r['peak_ratio']:7.3f}"
         )
     for error in data["errors"]:
         lines.append(f"error: {error.splitlines()[0]}")
