@@ -36,6 +36,7 @@ from toolkit.launch.outcome import (
 )
 from toolkit.launch.output import Console, LauncherTails, Lines, Prefixer, new_tail, pump
 from toolkit.launch.parent_death import Watchdog, die_with_parent
+from toolkit.launch.shm_leftovers import remove_leftovers
 from toolkit.launch.tree import ProcessTree, exit_status, pid_running
 from toolkit.rank_variables import TOOLKIT_HEARTBEAT, TOOLKIT_JOB_ID
 
@@ -109,6 +110,7 @@ class Job:
         self.heartbeat_address = f"{heartbeat_host}:{self.heartbeats.port}"
         self.watchdog = Watchdog(self.job_id)
         self.started = time.monotonic()
+        self.started_at = time.time()  # file times are wall-clock times
         self._bad_end_seen: dict[int, float] = {}
         self._dead_since: dict[int, float] = {}
 
@@ -319,6 +321,7 @@ class Job:
         for child in self.children:
             for reader in child.readers:
                 reader.join(timeout=self.grace)
+        remove_leftovers(self.started_at)
         if self.on_teardown is not None:
             self.on_teardown(self.job_id)
         self.console.end_lines()
