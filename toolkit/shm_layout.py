@@ -4,6 +4,8 @@ bytes without importing torch: a flag cache line per rank, then two sets of one 
 
 from __future__ import annotations
 
+SHM_DIRECTORY = "/dev/shm"
+"""Where this segment lives, and where engines leave theirs (toolkit.launch.shm_leftovers)."""
 SLOT_BYTES = 4 << 20
 """One chunk: 4 MiB, so the two slot sets of 2 ranks take 16 MiB of /dev/shm, of 8 ranks 64 MiB
 (Docker's default /dev/shm). 256 KiB to 16 MiB chunks stepped within 1 ms of each other here."""

@@ -17,7 +17,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-SHM_DIRECTORY = Path("/dev/shm")
+from toolkit import shm_layout
+
+SHM_DIRECTORY = Path(shm_layout.SHM_DIRECTORY)
 ENGINE_FILES = ("deepspeed_allreduce_buffer_*", "vader_segment.*")
 
 

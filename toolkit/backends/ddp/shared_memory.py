@@ -58,13 +58,19 @@ import torch
 import torch.distributed as dist
 
 from toolkit.errors import ToolkitError
-from toolkit.shm_layout import FLAG_STRIDE, SLOT_BYTES, flag_bytes, segment_bytes, slots_bytes
+from toolkit.shm_layout import (
+    FLAG_STRIDE,
+    SHM_DIRECTORY,
+    SLOT_BYTES,
+    flag_bytes,
+    segment_bytes,
+    slots_bytes,
+)
 from toolkit.spec.sections import DdpAllreduce
 from toolkit.units import MIB
 
 Transport = Literal["gloo", "shared_memory"]
 
-SHM_DIRECTORY = "/dev/shm"
 SPIN_SECONDS = 0.002
 """How long a waiting rank polls before it starts sleeping between polls. Ranks in step meet
 within this; a rank that waits longer (a slow or stopped peer) must not hold a core."""

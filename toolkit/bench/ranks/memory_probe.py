@@ -48,6 +48,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from toolkit.bench.native._torch_model import mlp
 from toolkit.bench.ranks._toolkit_job import start_toolkit, synthetic
+from toolkit.units import MIB
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -87,10 +88,14 @@ def status_kib() -> dict[str, int]:
     return found
 
 
-def resident_now() -> int:
-    """Anonymous plus shared-memory bytes resident, as they are (the peak sampler's view)."""
-    kib = status_kib()
+def resident(kib: dict[str, int]) -> int:
+    """The bytes the bench counts in a `status_kib()` reading: anonymous plus shared memory."""
     return (kib["RssAnon"] + kib["RssShmem"]) * 1024
+
+
+def resident_now() -> int:
+    """Resident bytes as they are, allocator caches and all (the peak sampler's view)."""
+    return resident(status_kib())
 
 
 class PeakSampler:
@@ -124,7 +129,7 @@ def settled() -> tuple[int, int]:
     gc.collect()
     _LIBC.malloc_trim(0)
     kib = status_kib()
-    return (kib["RssAnon"] + kib["RssShmem"]) * 1024, kib["RssFile"] * 1024
+    return resident(kib), kib["RssFile"] * 1024
 
 
 COLLECTIVES: dict[str, tuple[str, ...]] = {
@@ -166,7 +171,7 @@ class StepReadings:
 
     def _reading_first(self, original: Any) -> Any:
         def collective(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            if tensor.numel() * tensor.element_size() >= 1 << 20:
+            if tensor.numel() * tensor.element_size() >= MIB:
                 self._read()
             return original(tensor, *args, **kwargs)
 
