@@ -23,7 +23,7 @@ from toolkit.bench import (
 )
 from toolkit.bench.bare import BARE, bare_launch
 from toolkit.bench.inprocess import resolved
-from toolkit.bench.memory import mlp_facts
+from toolkit.bench.memory import mlp_facts, spec_changes
 from toolkit.bench.step import CaseResult, case_spec, parse_setting, variants_for
 from toolkit.bench.workload import Workload
 from toolkit.cli import main
@@ -324,6 +324,22 @@ def test_cli_refuses_bad_input_in_one_line(
     assert main([*argv, "--out", str(tmp_path / "out")]) == 2
     error = capsys.readouterr().err.strip()
     assert error.startswith("toolkit: error: " + says) and len(error.splitlines()) == 1
+
+
+def test_memory_bench_takes_and_names_only_what_the_spec_changes() -> None:
+    spec = TrainSpec.from_dict(
+        {
+            "backend": "deepspeed",
+            "optimizer": {"name": "sgd", "momentum": 0.9},
+            "zero": {"stage": 3, "reduce_bucket_size": 4_000_000},
+            "launch": {"np": 2},
+        }
+    ).to_dict()
+    assert spec_changes(spec) == {
+        "optimizer": {"name": "sgd", "momentum": 0.9},
+        "zero": {"stage": 3, "reduce_bucket_size": 4_000_000},
+    }
+    assert spec_changes(TrainSpec().to_dict()) == {}
 
 
 def test_a_run_that_measured_nothing_leaves_the_last_result_in_place(tmp_path: Path) -> None:

@@ -83,6 +83,7 @@ def test_bench_memory_tiny(tmp_path: Path, no_orphans: None) -> None:
         assert case["optimizer_state"]["ratio"] == pytest.approx(1.0, rel=0.05)
         assert case["resident"]["at_step_delta"] > 0
         assert case["measured"]["not_preloaded"] == []
+        assert case["measured"]["at_step_where"].startswith("step ")
 
 
 def test_bench_bubble_tiny(tmp_path: Path, no_orphans: None) -> None:

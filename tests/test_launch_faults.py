@@ -28,6 +28,7 @@ from tests.supervised import (
     wait_for_ranks,
 )
 from toolkit.launch import LaunchResult, run_launcher, run_local
+from toolkit.launch.shm_leftovers import SHM_DIRECTORY
 from toolkit.ports import free_port
 
 HOST = socket.gethostname()
@@ -213,3 +214,28 @@ def test_toolkit_launch_exit_status_is_the_rank_convention(tmp_path: Path) -> No
     )
     assert done.returncode == 1, done.stderr
     assert f"toolkit launch: rank 1 on host {HOST} exited with status 7" in done.stderr
+
+
+def test_sigkill_of_toolkit_launch_removes_the_shm_files_its_ranks_left(tmp_path: Path) -> None:
+    """The supervisor is gone, so its watchdog removes them once the ranks have stopped."""
+    name = f"toolkit-test-{os.getpid()}-{time.monotonic_ns()}"
+    files = [SHM_DIRECTORY / f"deepspeed_allreduce_buffer_{name}_{rank}" for rank in (0, 1)]
+    piddir = tmp_path / "pids"
+    piddir.mkdir()
+    process = toolkit_launch(tmp_path / "spec.yaml", piddir, "local", "shm", name, "sleep")
+    try:
+        wait_for_ranks(piddir)
+        deadline = time.monotonic() + UP_SECONDS
+        while not all(file.exists() for file in files):
+            assert time.monotonic() < deadline, f"the ranks wrote no {files}"
+            time.sleep(0.1)
+        process.kill()
+        process.wait()
+        deadline = time.monotonic() + 2 * AFTER_SIGKILL_SECONDS
+        while any(file.exists() for file in files) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [file for file in files if file.exists()]
+    finally:
+        process.kill()
+        for file in files:
+            file.unlink(missing_ok=True)

@@ -209,17 +209,56 @@ def test_horovod_counts_the_part_of_its_fusion_buffer_a_step_touches(
     assert row.memory.device["buffers"] == fusion_mib * MIB
 
 
-@pytest.mark.parametrize(("stage", "buckets"), [(0, 0), (1, 1), (2, 2), (3, 1)])
+@pytest.mark.parametrize(("stage", "buckets"), [(0, 0), (1, 1), (2, 2), (3, 2)])
 def test_zero_buffers_are_its_reduction_copies(stage: int, buckets: int) -> None:
     """fp32, a bucket smaller than the model: ZeRO-1 all-reduces a flattened copy of the
-    bucket, ZeRO-2 also keeps the contiguous bucket itself, ZeRO-3 only that; ZeRO-0 flattens
-    every gradient at once."""
+    bucket, ZeRO-2 and ZeRO-3 also keep the contiguous bucket itself; ZeRO-0 flattens every
+    gradient at once."""
     zero = {"stage": stage, "reduce_bucket_size": 1000}
     spec = TrainSpec.from_dict({"backend": "deepspeed", "zero": zero})
     layout = mem.ZeroLayout(stage=stage)
     memory = mem.zero(spec, layout, parameters=10_000, largest_layer=100, ranks=2, activations=0)
     expected = 4 * 10_000 if stage == 0 else buckets * 4 * 1000
     assert memory.device["buffers"] == expected
+
+
+@pytest.mark.parametrize(
+    ("bucket", "first_layer", "working"),
+    [
+        (10_000, 30, 30),  # one reduction as backward ends: the first layer is still gathered
+        (10_000, None, 100),  # ... the largest layer when the layers are unknown
+        (1000, 30, 200),  # a gradient that does not fit: its layer's weights and gradient
+    ],
+)
+def test_zero3_working_set_at_its_reductions(
+    bucket: int, first_layer: int | None, working: int
+) -> None:
+    spec = TrainSpec.from_dict({"backend": "deepspeed", "zero": {"reduce_bucket_size": bucket}})
+    memory = mem.zero(
+        spec,
+        mem.ZeroLayout(stage=3),
+        parameters=10_000,
+        largest_layer=100,
+        ranks=2,
+        activations=0,
+        first_layer=first_layer,
+    )
+    assert memory.device["working"] == 4 * working
+
+
+def test_first_layer_is_the_first_with_parameters() -> None:
+    facts = ModelFacts(parameters=8, largest_layer=5, layer_parameters=(0, 5, 0, 3))
+    assert facts.first_layer == 5
+    assert ModelFacts(parameters=8, largest_layer=8).first_layer is None
+
+
+def test_zero3_clones_an_fp32_partition_for_its_optimizer() -> None:
+    """DeepSpeed's ZeRO-3 would share it, but its device test never passes (module docs)."""
+    spec = TrainSpec.from_dict({"backend": "deepspeed", "precision": "fp32"})
+    memory = mem.zero(
+        spec, mem.ZeroLayout(stage=3), parameters=10_000, largest_layer=100, ranks=2, activations=0
+    )
+    assert memory.device["master"] == memory.device["parameters"] == 4 * 10_000 / 2
 
 
 @pytest.mark.parametrize("stage", [1, 2])

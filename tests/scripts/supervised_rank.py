@@ -8,8 +8,9 @@ does (heartbeats, and tagged output under a launcher), writes its pid to PIDDIR/
     detach THEN        starts a process that leaves the job's process tree (double fork, a
                        session of its own) and writes its pid to PIDDIR/detached-RANK; then
                        THEN is "exit" (exit 0) or "sleep" (sleep until stopped)
-    shm NAME           leaves /dev/shm/deepspeed_allreduce_buffer_NAME_RANK behind, as
-                       DeepSpeed's CPU accelerator does, and exits 0
+    shm NAME [THEN]    leaves /dev/shm/deepspeed_allreduce_buffer_NAME_RANK behind, as
+                       DeepSpeed's CPU accelerator does; then THEN, "exit" (the default) or
+                       "sleep"
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def main(piddir: str, action: str, *args: str) -> int:
         return 0
     if action == "shm":
         Path(f"/dev/shm/deepspeed_allreduce_buffer_{args[0]}_{rank}").write_bytes(b"\0" * 4096)
-        return 0
+        if args[1:] != ("sleep",):
+            return 0
     if action == "detach":
         detach(Path(piddir) / f"detached-{rank}")
         if args[0] == "exit":

@@ -38,6 +38,9 @@ from toolkit.units import MIB
 PROBE = str(Path(__file__).parent / "ranks" / "memory_probe.py")
 DEFAULT_LAYERS = (512, 4096, 4096, 512, 10)
 TIMEOUT_S = 600
+SPEC_SECTIONS = ("optimizer", "precision", "zero", "ddp", "horovod")
+"""What `--spec` gives every case: the math and the engines' buffer settings (each case sets
+its backend, ZeRO stage and launcher itself)."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,22 @@ MEMORY_CASES: tuple[MemoryCase, ...] = (
         for stage in range(4)
     ),
 )
+
+
+def spec_changes(spec: dict[str, Any]) -> dict[str, Any]:
+    """The fields of `SPEC_SECTIONS` where `spec` (a TrainSpec's dict) differs from the
+    defaults: what the cases take from `--spec`, and what the report names."""
+    defaults = TrainSpec().to_dict()
+    changes: dict[str, Any] = {}
+    for section in SPEC_SECTIONS:
+        value, default = spec[section], defaults[section]
+        if isinstance(value, dict):
+            changed = {k: v for k, v in value.items() if v != default.get(k)}
+            if changed:
+                changes[section] = changed
+        elif value != default:
+            changes[section] = value
+    return changes
 
 
 def mlp_facts(widths: tuple[int, ...]) -> ModelFacts:
@@ -158,7 +177,7 @@ def run_memory(
             spec,
             directory,
             PROBE,
-            [*args, "--out", str(directory / "first.json"), "--modules-out", str(modules)],
+            [*args, "--modules-out", str(modules)],
             timeout=TIMEOUT_S,
         )
         reason = failure(outcome, wrote=modules.exists(), missing="no module list written")

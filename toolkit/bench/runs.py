@@ -178,7 +178,7 @@ def run_memory(args: argparse.Namespace) -> int:
     base: dict[str, Any] = {"optimizer": {"name": "adamw"}}
     if args.spec:
         spec = load_spec(args.spec).to_dict()
-        base = {"optimizer": spec["optimizer"], "precision": spec["precision"]}
+        base = memory.spec_changes(spec)
     cases = tuple(
         c for c in memory.MEMORY_CASES if not args.cases or any(p in c.name for p in args.cases)
     )

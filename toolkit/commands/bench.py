@@ -147,7 +147,10 @@ def register(subparsers: Any) -> None:
 
     memory = commands.add_parser("memory", help="toolkit plan against real CPU runs")
     memory.add_argument(
-        "--spec", default=None, metavar="FILE", help="optimizer/precision from here"
+        "--spec",
+        default=None,
+        metavar="FILE",
+        help="optimizer, precision and the zero/ddp/horovod sections from here",
     )
     memory.add_argument("--layers", type=_layers, default=None, help="MLP widths")
     memory.add_argument("--micro", type=_positive, default=64, help="samples per rank")

@@ -108,9 +108,9 @@ class Job:
         bind = LOOPBACK if heartbeat_host == LOOPBACK else "0.0.0.0"
         self.heartbeats = Heartbeats(bind)
         self.heartbeat_address = f"{heartbeat_host}:{self.heartbeats.port}"
-        self.watchdog = Watchdog(self.job_id)
         self.started = time.monotonic()
         self.started_at = time.time()  # file times are wall-clock times
+        self.watchdog = Watchdog(self.job_id, self.started_at)
         self._bad_end_seen: dict[int, float] = {}
         self._dead_since: dict[int, float] = {}
 

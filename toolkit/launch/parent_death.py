@@ -7,13 +7,15 @@ Two mechanisms, because neither covers everything alone:
   sends it SIGTERM when the supervisor dies, and a launcher then stops its own ranks.
 - The launchers' children are not ours, and a launcher that dies by SIGKILL, or is slow to stop
   its ranks (torchrun waits up to 30 s), would leave them running. So a watchdog process
-  (`python -m toolkit.launch.watchdog JOB_ID`, in a session of its own) is told the pid of
-  every process of the job as the supervisor sees it appear. If the supervisor goes away
-  without saying "done", the watchdog's stdin reaches end of file at once and it stops that
-  tree and every process carrying the job's id (toolkit.launch.tree.ProcessTree.add_job):
-  SIGTERM, then SIGKILL after `WATCHDOG_GRACE_SECONDS`. The id matters: the supervisor learns
-  new pids every 0.2 s, and a launcher that dies of its SIGTERM at once (mpirun) leaves ranks
-  started since the last of those with no parent link to anything the watchdog knows.
+  (`python -m toolkit.launch.watchdog JOB_ID STARTED_AT`, in a session of its own) is told the
+  pid of every process of the job as the supervisor sees it appear. If the supervisor goes
+  away without saying "done", the watchdog's stdin reaches end of file at once and it stops
+  that tree and every process carrying the job's id (toolkit.launch.tree.ProcessTree.add_job):
+  SIGTERM, then SIGKILL after `WATCHDOG_GRACE_SECONDS`; then it removes the engine files the
+  job left in /dev/shm, as the supervisor would have (shm_leftovers.py). The id matters: the
+  supervisor learns new pids every 0.2 s, and a launcher that dies of its SIGTERM at once
+  (mpirun) leaves ranks started since the last of those with no parent link to anything the
+  watchdog knows.
 
 The parent-death signal goes to the child when the *thread* that started it exits; the
 supervisor starts and waits for its processes in the same thread, so this only fires when
@@ -57,9 +59,10 @@ def die_with_parent(parent: int) -> Callable[[], None] | None:
 class Watchdog:
     """The supervisor's end of the watchdog process."""
 
-    def __init__(self, job_id: str) -> None:
+    def __init__(self, job_id: str, started_at: float) -> None:
+        """`started_at`: when the job started, a time.time() (its /dev/shm files are newer)."""
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "toolkit.launch.watchdog", job_id],
+            [sys.executable, "-m", "toolkit.launch.watchdog", job_id, repr(started_at)],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             start_new_session=True,

@@ -9,7 +9,8 @@ leaked them (132 MiB a 2-rank DeepSpeed job, seen after each test run here), and
 containers, whose /dev/shm is 64 MiB by default. When a job's local processes have stopped,
 the supervisor removes the files it can tell the job made: named by an engine, owned by this
 user, created since the job started, and mapped by no live process (another job's are in use,
-or older). Remote hosts keep theirs.
+or older); if the supervisor was killed, its watchdog does (parent_death.py). Remote hosts keep
+theirs.
 """
 
 from __future__ import annotations

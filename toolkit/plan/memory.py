@@ -5,17 +5,24 @@ Components (bytes per rank; P parameters, N data-parallel ranks, L the largest l
 - parameters: the model's weights in the model's dtype (w = 2 when DeepSpeed runs bf16/fp16,
   which casts the module; 4 otherwise, also under torch autocast).
 - gradients: in the model's dtype, or the fp32 partition ZeRO keeps for its optimizer step.
-- master: the fp32 copy of the weights ZeRO's optimizer updates. ZeRO-1/2 always clone their
-  partition (also in fp32); ZeRO-3 shares the partition when it is fp32 already.
+- master: the fp32 copy of the weights ZeRO's optimizer updates, 4P/N at every stage, also
+  when the model is fp32. ZeRO-3 means to share an fp32 partition instead of cloning it, but
+  DeepSpeed 0.19.8 (`_create_fp32_partitions` in stage3.py) tests `tensor.device ==
+  self.device`, a torch.device against the accelerator's device name, a str, which torch 2.13
+  never finds equal (`torch.device("cpu") == "cpu"` is False), so it clones. Found by
+  `toolkit bench memory`: six 30 MiB partitions alive at a ZeRO-3 step where five were planned.
 - optimizer: fp32 states, k bytes per parameter: Adam/AdamW 8 (two moments), SGD with momentum
   4, plain SGD 0.
-- working: ZeRO-3's gathered layer, 2·w·L (the full weights and gradients of one layer).
+- working: ZeRO-3's gathered weights and the gradients not yet in a bucket, at its high point, a
+  gradient reduction in backward (`zero3_working`).
 - buffers: engine communication buffers, not in DeepSpeed's estimators but resident on a real
   run: DDP's gradient buckets (a second copy of the gradients unless ddp.gradient_as_bucket_view
   makes the gradients views into them) and its shared-memory allreduce segment (2 slots of 4 MiB
   per rank, mapped and touched whole by every rank, so in each one's RSS), Horovod's fusion
   buffer (the touched part, `horovod_fusion_bytes`), ZeRO-2/3's contiguous gradient bucket (the
-  touched part), ZeRO-0's flattened copy of the gradients it all-reduces, and ZeRO-1/2's: with
+  touched part) and ZeRO-3's flattened copy of it, which `reduce_scatter_coalesced` builds
+  (torch.cat) to reduce it, ZeRO-0's flattened copy of the gradients it all-reduces, and
+  ZeRO-1/2's: with
   `use_multi_rank_bucket_allreduce`, DeepSpeed's default, every rank all-reduces a flattened
   copy of the whole bucket (`allreduce_and_scatter` in stage_1_and_2.py), min(bucket, P)·w
   more while it reduces. These last exist only during the reduction; ZeRO-1/2's fp32 gradient
@@ -27,7 +34,8 @@ Components (bytes per rank; P parameters, N data-parallel ranks, L the largest l
 With those, mixed-precision Adam gives DeepSpeed's own estimates exactly: ZeRO-2 per rank
 2P + 18P/N on the device (18 = 2 fp16 gradients + 4 fp32 gradients + 4 fp32 weights + 8 Adam),
 ZeRO-3 4L + 18P/N (the fp16 gradients live only in the gathered layer, the reduced gradient
-goes to an fp32 partition); with the optimizer offloaded, 16P/N per rank moves to the host
+goes to an fp32 partition; 4L where the bucket is smaller than the model, which is where their
+estimator is meant for); with the optimizer offloaded, 16P/N per rank moves to the host
 (and the fp16 gradient partition is not kept), with the parameters offloaded too, 18P/N.
 tests/test_plan.py holds the plan to DeepSpeed's `estimate_zero2/3_model_states_mem_needs`.
 """
@@ -127,15 +135,38 @@ class ZeroLayout:
     offload_params: bool = False
 
 
-def horovod_fusion_bytes(threshold: float, layer_gradient_bytes: Sequence[float]) -> float:
+def horovod_fusion_bytes(
+    threshold: float, layer_gradient_bytes: Sequence[float], gradient_bytes: float
+) -> float:
     """The part of Horovod's fusion buffer a step touches. Horovod copies gradients into the
     buffer only when it fuses two or more into one reduction; a tensor reduced alone is reduced
     in place (`AllreduceOp` in horovod/common/ops). A layer whose gradients are larger than the
     buffer fuses with nothing, so the buffer holds at most the gradients of the layers smaller
     than it, and never more than its size. (Measured: 16 MiB of a 64 MiB buffer touched for the
     bench MLP, whose 64 MiB layer goes alone; `toolkit bench memory`.) Without the model's
-    layers, the plan counts min(buffer, every gradient) instead."""
+    layers (`layer_gradient_bytes` empty), min(buffer, every gradient, `gradient_bytes`).
+    Either is an upper bound: what fuses depends on which gradients are ready together
+    (measured 0.94 of the plan's total on a model whose layers all fit the buffer)."""
+    if not layer_gradient_bytes:
+        return min(threshold, gradient_bytes)
     return min(threshold, sum(b for b in layer_gradient_bytes if b < threshold))
+
+
+def zero3_working(
+    parameters: float, bucket: float, largest_layer: float, first_layer: float | None
+) -> float:
+    """Elements of ZeRO-3's working set at its high point, a gradient reduction in backward
+    (measured: the readings before each reduce-scatter, `toolkit bench memory`):
+
+    - a bucket that holds every gradient is reduced once, as backward ends. By then backward has
+      released every gathered layer but the first, whose input needs no gradient, so the hook
+      that releases it does not run before the step's leftovers are released: w·first layer
+      (the largest when the layers are unknown);
+    - a smaller bucket is reduced when a gradient does not fit: that layer's gathered weights
+      and its whole gradient are alive, 2·w·L at worst (DeepSpeed's estimator's term)."""
+    if bucket >= parameters:
+        return largest_layer if first_layer is None else first_layer
+    return 2.0 * largest_layer
 
 
 def zero(
@@ -146,8 +177,10 @@ def zero(
     largest_layer: int,
     ranks: int,
     activations: float | None,
+    first_layer: int | None = None,
 ) -> Memory:
-    """DeepSpeed's engine at a ZeRO stage (0 = its plain data parallelism); see module docs."""
+    """DeepSpeed's engine at a ZeRO stage (0 = its plain data parallelism); see module docs.
+    `first_layer`: parameters of the model's first layer, when known (ZeRO-3's working set)."""
     p, n, stage = float(parameters), ranks, layout.stage
     w = 2.0 if half(spec) else 4.0
     k = float(optimizer_bytes(spec))
@@ -162,10 +195,7 @@ def zero(
         device["buffers"] = w * p  # the flattened allreduce bucket
         return Memory(device=device, activations=activations)
     fp32_grad_partition = 4.0 * p / n
-    states = {
-        "master": 4.0 * p / n if (stage < 3 or half(spec)) else 0.0,
-        "optimizer": k * p / n,
-    }
+    states = {"master": 4.0 * p / n, "optimizer": k * p / n}
     if stage == 1:
         device["parameters"] = w * p
         device["gradients"] = w * p + (0.0 if layout.offload_optimizer else fp32_grad_partition)
@@ -178,8 +208,9 @@ def zero(
     else:
         device["parameters"] = w * p / n
         device["gradients"] = 0.0 if layout.offload_optimizer else fp32_grad_partition
-        device["working"] = 2.0 * w * largest_layer
-        device["buffers"] = reduce_bucket
+        bucket = float(spec.zero.reduce_bucket_size)
+        device["working"] = w * zero3_working(p, bucket, largest_layer, first_layer)
+        device["buffers"] = 2.0 * reduce_bucket  # the contiguous bucket and its flattened copy
     never_together = 0.0
     if stage in (1, 2) and not layout.offload_optimizer:
         never_together = min(fp32_grad_partition, reduce_bucket)

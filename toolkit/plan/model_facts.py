@@ -32,6 +32,11 @@ class ModelFacts:
     source: str = ""
 
     @property
+    def first_layer(self) -> int | None:
+        """Parameters of the first leaf that has any, in forward order (None when unknown)."""
+        return next((n for n in self.layer_parameters if n > 0), None)
+
+    @property
     def activations_per_sample(self) -> int | None:
         if not self.layer_activations:
             return None

@@ -89,7 +89,7 @@ def _horovod(framework: str) -> Callable[[Setting], list[PlanRow]]:
         p = s.facts.parameters
         threshold = float(s.spec.horovod.fusion_threshold_mb * MIB)
         layers = [4.0 * n for n in s.facts.layer_parameters]
-        fusion = mem.horovod_fusion_bytes(threshold, layers) if layers else min(threshold, 4.0 * p)
+        fusion = mem.horovod_fusion_bytes(threshold, layers, gradient_bytes=4.0 * p)
         memory = mem.replicated(s.spec, p, buffers=fusion, activations=s.activations())
         sent = comm.allreduce_bytes(p, s.ranks, comm.gradient_bytes(s.spec, zero_engine=False))
         return [PlanRow(f"horovod+{framework}", memory, sent, note="buffers: fusion buffer")]
@@ -133,6 +133,7 @@ def _deepspeed(s: Setting) -> list[PlanRow]:
             largest_layer=s.facts.largest_layer,
             ranks=s.ranks,
             activations=s.activations(),
+            first_layer=s.facts.first_layer,
         )
         sent = comm.zero_bytes(
             s.spec,

@@ -56,7 +56,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--spec", required=True)
     parser.add_argument("--layers", required=True)
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", help="rank 0 writes every rank's readings here")
     parser.add_argument("--modules-out", help="rank 0 writes the modules loaded by the end here")
     parser.add_argument("--preload", help="import the modules listed here before the baseline")
     args, _ = parser.parse_known_args(argv)
@@ -158,28 +158,39 @@ class StepReadings:
 
     def __init__(self) -> None:
         self.highest = 0
+        self.where = ""
+        """What was about to run at the highest reading (a collective and its MiB, or the
+        optimizer step), and in which step."""
+        self.steps_begun = 0
         self.originals = [
             (sys.modules[module], name, getattr(sys.modules[module], name))
             for module, names in COLLECTIVES.items()
             if module in sys.modules
             for name in names
         ]
-        self.handle = register_optimizer_step_pre_hook(self._read)
+        self.handle = register_optimizer_step_pre_hook(self._optimizer_step)
 
-    def _read(self, *_: Any) -> None:
-        self.highest = max(self.highest, settled()[0])
+    def _read(self, label: str) -> None:
+        reading = settled()[0]
+        if reading > self.highest:
+            self.highest, self.where = reading, f"step {self.steps_begun + 1}: {label}"
 
-    def _reading_first(self, original: Any) -> Any:
+    def _optimizer_step(self, *_: Any) -> None:
+        self._read("optimizer step")
+        self.steps_begun += 1
+
+    def _reading_first(self, name: str, original: Any) -> Any:
         def collective(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            if tensor.numel() * tensor.element_size() >= MIB:
-                self._read()
+            size = tensor.numel() * tensor.element_size()
+            if size >= MIB:
+                self._read(f"{name} of {size / MIB:.1f} MiB")
             return original(tensor, *args, **kwargs)
 
         return collective
 
     def __enter__(self) -> StepReadings:
         for module, name, original in self.originals:
-            setattr(module, name, self._reading_first(original))
+            setattr(module, name, self._reading_first(name, original))
         return self
 
     def __exit__(self, *_: Any) -> None:
@@ -239,20 +250,22 @@ def main() -> int:
         "resident_baseline": baseline,
         "resident_prepared": prepared,
         "resident_at_step": at_step.highest,
+        "at_step_where": at_step.where,
         "resident_after_steps": after,
         "resident_peak": max(sampler.peak, after),
         "file_backed_growth": file_after - file_baseline,
         "not_preloaded": not_preloaded,
         **counted,
     }
-    records: list[Any] = [record]
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        records = [None] * run.world_size  # every rank's, where torch.distributed runs
-        torch.distributed.all_gather_object(records, record)
-    if run.is_main:
-        Path(args.out).write_text(json.dumps(records))
-        if args.modules_out:
-            Path(args.modules_out).write_text(json.dumps(list(sys.modules)))
+    if args.out:
+        records: list[Any] = [record]
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            records = [None] * run.world_size  # every rank's, where torch.distributed runs
+            torch.distributed.all_gather_object(records, record)
+        if run.is_main:
+            Path(args.out).write_text(json.dumps(records))
+    if run.is_main and args.modules_out:
+        Path(args.modules_out).write_text(json.dumps(list(sys.modules)))
     run.shutdown()
     return 0
 
