@@ -23,8 +23,9 @@ receives with blocking `dist.send`/`dist.recv` (deepspeed/runtime/pipe/p2p.py; `
 refused), so every hand-off is a rendezvous: the stage that finishes first waits for the other
 (seen in the timeline as SendGrad blocked while the first stage still runs a forward pass). Each
 steady-state cycle then lasts as long as the slower stage's cycle of that moment, and on a shared
-CPU machine a pass varies by ±20%: the measured bubble sits 0.05-0.08 above the formula from 2
-micro-batches on, while the stage costs alone predict 0.01-0.02.
+CPU machine a pass varies by ±20%: the measured bubble sits 0.02-0.03 above the formula for 2 to
+4 micro-batches and 0.05 at 8 (the AMD machine; 0.05-0.08 from 2 on the Intel one), while the
+stage costs alone predict 0.00-0.01. Pinning each stage to a core of its own changed nothing.
 """
 
 from __future__ import annotations

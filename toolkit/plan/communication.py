@@ -15,8 +15,9 @@ count them, P parameters, c bytes per communicated gradient element, w per weigh
 
 The pipeline bubble, the idle fraction of a step, is (p-1)/(m+p-1) for m micro-batches per
 step (GPipe's and 1F1B's alike), for stages of equal cost with free hand-offs. `toolkit bench
-bubble` measures DeepSpeed's: 0.05-0.08 above this from m = 2 on, with 2 CPU ranks, because its
-point-to-point hand-offs block (toolkit.bench.bubble).
+bubble` measures DeepSpeed's with 2 CPU ranks: 0.02-0.03 above this for m = 2 to 4 and 0.05 at
+m = 8 (0.05-0.08 on a slower machine), because its point-to-point hand-offs block
+(toolkit.bench.bubble).
 """
 
 from __future__ import annotations
