@@ -1,5 +1,5 @@
-"""`python -m toolkit.launch.reap JOB_ID` stops that job's processes and nothing else, stopped
-(SIGSTOP) ones included."""
+"""`python -m toolkit.launch.reap JOB_ID STARTED_AT` stops that job's processes and nothing else,
+stopped (SIGSTOP) ones included, and removes the /dev/shm files the job left."""
 
 from __future__ import annotations
 
@@ -7,7 +7,11 @@ import os
 import signal
 import subprocess
 import sys
+import time
+import uuid
 
+from toolkit.launch.remote import reap_command
+from toolkit.launch.shm_leftovers import SHM_DIRECTORY
 from toolkit.rank_variables import TOOLKIT_JOB_ID
 
 
@@ -20,7 +24,7 @@ def test_reap_stops_the_jobs_processes_only() -> None:
     os.kill(stopped.pid, signal.SIGSTOP)
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "toolkit.launch.reap", "job-a"],
+            reap_command(sys.executable, "job-a", time.time()),
             capture_output=True,
             text=True,
             timeout=60,
@@ -29,16 +33,43 @@ def test_reap_stops_the_jobs_processes_only() -> None:
         assert ours.wait(timeout=10) == -signal.SIGKILL
         assert stopped.wait(timeout=10) == -signal.SIGKILL
         assert other.poll() is None
-        assert done.stdout.strip() == "stopped 2 processes of job job-a"
+        assert done.stdout.strip().startswith("stopped 2 processes of job job-a, removed ")
     finally:
         for process in (ours, stopped, other):
             process.kill()
             process.wait()
 
 
-def test_reap_without_a_job_id_is_a_usage_error() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "toolkit.launch.reap"], capture_output=True, text=True, check=False
-    )
-    assert done.returncode == 2
-    assert "usage" in done.stderr
+def test_reap_removes_the_engine_files_made_since_the_job_started() -> None:
+    name = f"deepspeed_allreduce_buffer_toolkit-test-{uuid.uuid4().hex[:8]}"
+    older, newer = SHM_DIRECTORY / f"{name}_older", SHM_DIRECTORY / f"{name}_newer"
+    older.write_bytes(b"x")  # another job's, from before this one started
+    try:
+        time.sleep(0.05)
+        started_at = time.time()
+        newer.write_bytes(b"x")
+        done = subprocess.run(
+            reap_command(sys.executable, "job-c", started_at),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        assert not newer.exists() and older.exists()
+        # At least ours: another test's job may have left one since `started_at` too.
+        assert done.stdout.startswith("stopped 0 processes of job job-c, removed ")
+    finally:
+        older.unlink(missing_ok=True)
+        newer.unlink(missing_ok=True)
+
+
+def test_reap_without_a_job_id_and_start_is_a_usage_error() -> None:
+    for argv in ([], ["job-a"], ["job-a", "yesterday"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "toolkit.launch.reap", *argv],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert done.returncode == 2
+        assert "usage" in done.stderr

@@ -88,11 +88,12 @@ class Job:
         heartbeat_host: str,
         *,
         placement: Mapping[int, str] | None = None,
-        on_teardown: Callable[[str], None] | None = None,
+        on_teardown: Callable[[str, float], None] | None = None,
     ) -> None:
         """`placement`: the host of each rank where the plan decides it (several hosts), used
-        to name a rank in reports. `on_teardown`: called with the job's id once every local
-        process is stopped (the sweep of the job's remote hosts)."""
+        to name a rank in reports. `on_teardown`: called with the job's id and its start (a
+        time.time()) once every local process is stopped (the sweep of the job's remote
+        hosts)."""
         self.timeout = timeout
         self.stall_timeout = stall_timeout
         self.grace = grace
@@ -323,7 +324,7 @@ class Job:
                 reader.join(timeout=self.grace)
         remove_leftovers(self.started_at)
         if self.on_teardown is not None:
-            self.on_teardown(self.job_id)
+            self.on_teardown(self.job_id, self.started_at)
         self.console.end_lines()
         self.watchdog.close()
         self.heartbeats.drain()  # the end reports of ranks that died with the launcher

@@ -12,7 +12,8 @@ deepspeed launcher expect too. Only the job's own variables travel (the plan's, 
 A remote command outlives its ssh client when the client is killed (no terminal, no SIGHUP),
 and launchers differ in what they leave on other hosts when a job fails. Every process of a
 supervised job carries TOOLKIT_JOB_ID, so at the end of a job the supervisor runs
-`toolkit.launch.reap` on each remote host, which stops every process carrying that job's id.
+`toolkit.launch.reap` on each remote host, which stops every process carrying that job's id and
+removes the files the job's engines left in that host's /dev/shm.
 """
 
 from __future__ import annotations
@@ -86,10 +87,13 @@ def _last_line(text: str) -> str:
     return lines[-1][:300] if lines else "no message"
 
 
-def reap_hosts(ssh: SshSpec, hosts: Sequence[str], python: str, job_id: str) -> None:
-    """Stop, on each host, every process of job `job_id` (bounded; unreachable hosts skipped:
-    a host that is gone has nothing left to stop that ssh could reach)."""
-    command = [python, "-m", "toolkit.launch.reap", job_id]
+def reap_hosts(
+    ssh: SshSpec, hosts: Sequence[str], python: str, job_id: str, started_at: float
+) -> None:
+    """Stop, on each host, every process of job `job_id` and remove its /dev/shm leftovers
+    (bounded; unreachable hosts skipped: a host that is gone has nothing left that ssh could
+    reach)."""
+    command = reap_command(python, job_id, started_at)
 
     def sweep(host: str) -> None:
         try:
@@ -105,6 +109,10 @@ def reap_hosts(ssh: SshSpec, hosts: Sequence[str], python: str, job_id: str) -> 
 
     with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
         list(pool.map(sweep, hosts))
+
+
+def reap_command(python: str, job_id: str, started_at: float) -> list[str]:
+    return [python, "-m", "toolkit.launch.reap", job_id, repr(started_at)]
 
 
 @dataclass(frozen=True)
@@ -148,5 +156,5 @@ class RemoteHosts:
         path.write_text("".join(f"{name}={value}\n" for name, value in env.items()))
         return path
 
-    def reap(self, job_id: str) -> None:
-        reap_hosts(self.ssh, self.hosts, self.python, job_id)
+    def reap(self, job_id: str, started_at: float) -> None:
+        reap_hosts(self.ssh, self.hosts, self.python, job_id, started_at)
