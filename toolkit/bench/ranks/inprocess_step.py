@@ -3,9 +3,10 @@ toolkit's `train_step`, alternating step by step in the same processes on the sa
 
     python toolkit/bench/ranks/inprocess_step.py --spec S.json --out t.json [workload args]
 
-After `toolkit.init` and `run.prepare`, each cycle runs one step of every variant, in an order
-that rotates from cycle to cycle: `native` (ranks/native_steps.py: the engine's documented step
-on the objects the toolkit built), `toolkit` (`run.train_step`), `native-again` (A/A) and one
+After `toolkit.init` and `run.prepare`, the variants' steps interleave in an order in which
+every variant follows every other one equally often (toolkit.bench.ordering: a step inherits
+its predecessor's state, the ranks' skew among it): `native` (ranks/native_steps.py: the
+engine's documented step on the objects the toolkit built), `toolkit` (`run.train_step`), `native-again` (A/A) and one
 `toolkit+PATCH` per `--patch` (train_step inside that candidate fix, toolkit.bench.patches;
 "a+b" combines patches). Steps of different variants are
 then milliseconds apart, so another job's burst reaches them alike, which launch-to-launch
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from toolkit.bench.native import _bench
+from toolkit.bench.ordering import carryover_balanced
 from toolkit.bench.patches import applied
 from toolkit.bench.ranks._toolkit_job import start_toolkit, synthetic
 from toolkit.bench.ranks.native_steps import BUILDERS
@@ -69,12 +71,16 @@ def main() -> int:
         variants[f"toolkit+{names}"] = (patched_step(run, loss_fn, names), steps)
     clocks = {name: _bench.Clock() for name in variants}
     names = list(variants)
-    for cycle in range(args.warmup + args.steps):
-        shift = cycle % len(names)
-        for name in names[shift:] + names[:shift]:
-            step, inputs = variants[name]
-            batch = inputs[cycle % len(inputs)]
-            clocks[name].time(functools.partial(step, batch), keep=cycle >= args.warmup)
+    order = [names[index] for index in carryover_balanced(len(names))]
+    # Whole rounds of the order, each variant's n-th step on the n-th batch, until every
+    # variant has its warm-up and timed steps (a round gives each len(names) - 1).
+    rounds = -(-(args.warmup + args.steps) // max(len(names) - 1, 1))
+    done = dict.fromkeys(names, 0)
+    for name in order * rounds:
+        step, inputs = variants[name]
+        batch = inputs[done[name] % len(inputs)]
+        clocks[name].time(functools.partial(step, batch), keep=done[name] >= args.warmup)
+        done[name] += 1
     if run.is_main:
         record = {
             "step_s": {name: clock.wall for name, clock in clocks.items()},
