@@ -6,9 +6,9 @@ toolkit's `train_step`, alternating step by step in the same processes on the sa
 After `toolkit.init` and `run.prepare`, the variants' steps interleave in an order in which
 every variant follows every other one equally often (toolkit.bench.ordering: a step inherits
 its predecessor's state, the ranks' skew among it): `native` (ranks/native_steps.py: the
-engine's documented step on the objects the toolkit built), `toolkit` (`run.train_step`), `native-again` (A/A) and one
-`toolkit+PATCH` per `--patch` (train_step inside that candidate fix, toolkit.bench.patches;
-"a+b" combines patches). Steps of different variants are
+engine's documented step on the objects the toolkit built), `toolkit` (`run.train_step`),
+`native-again` (A/A) and one `toolkit+PATCH` per `--patch` (train_step inside that candidate
+fix, toolkit.bench.patches; "a+b" combines patches). Steps of different variants are
 then milliseconds apart, so another job's burst reaches them alike, which launch-to-launch
 comparison cannot offer on a shared machine. What this cannot see is how the engine was set up
 (its config, threads, launcher): the launch-level comparison measures that.
