@@ -20,6 +20,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import deepspeed
 import deepspeed.comm as dist
@@ -68,7 +69,20 @@ def main() -> None:
     if rank == 0:
         print(json.dumps(results))
     dist.barrier()
+    remove_deepspeed_buffers()
     dist.destroy_process_group()
+
+
+def remove_deepspeed_buffers() -> None:
+    """Unlink the /dev/shm buffers DeepSpeed's shm_comm op mapped into this rank (66 MiB each),
+    which it never removes; once every rank has passed the barrier above, none maps a peer's
+    anew, and the memory goes when the processes end. Run by `toolkit launch`, the job's
+    teardown would remove them; run by the deepspeed launcher, nothing else does."""
+    with open("/proc/self/maps") as maps:
+        mapped = {line.split(maxsplit=5)[-1].strip() for line in maps if "/dev/shm/" in line}
+    for path in mapped:
+        if Path(path).name.startswith("deepspeed_allreduce_buffer_"):
+            Path(path).unlink(missing_ok=True)
 
 
 if __name__ == "__main__":
