@@ -20,23 +20,24 @@ Components (bytes per rank; P parameters, N data-parallel ranks, L the largest l
   makes the gradients views into them) and its shared-memory allreduce segment (2 slots of 4 MiB
   per rank, mapped and touched whole by every rank, so in each one's RSS), Horovod's fusion
   buffer (the touched part, `horovod_fusion_bytes`), ZeRO-2/3's contiguous gradient bucket (the
-  touched part) and ZeRO-3's flattened copy of it, which `reduce_scatter_coalesced` builds
-  (torch.cat) to reduce it, ZeRO-0's flattened copy of the gradients it all-reduces, and
-  ZeRO-1/2's: with
-  `use_multi_rank_bucket_allreduce`, DeepSpeed's default, every rank all-reduces a flattened
-  copy of the whole bucket (`allreduce_and_scatter` in stage_1_and_2.py), min(bucket, P)·w
-  more while it reduces. These last exist only during the reduction; ZeRO-1/2's fp32 gradient
-  partition exists only after it (`step()` builds it from the reduced gradients and drops it
-  when the step ends), so the total counts the larger of the two (`Memory.never_together`).
+  touched part), ZeRO-3's flattened copy of it (`reduce_scatter_coalesced` concatenates the
+  bucket to reduce it), ZeRO-0's flattened copy of the gradients it all-reduces, and ZeRO-1/2's:
+  with `use_multi_rank_bucket_allreduce`, DeepSpeed's default, every rank all-reduces a
+  flattened copy of the whole bucket (`allreduce_and_scatter` in stage_1_and_2.py),
+  min(bucket, P)·w more while it reduces. These last exist only during the reduction; ZeRO-1/2's
+  fp32 gradient partition exists only after it (`step()` builds it from the reduced gradients
+  and drops it when the step ends), so the total counts the larger of the two
+  (`Memory.never_together`).
 - activations: what backward keeps, micro × (input + every leaf's output) × activation bytes,
   when the model is known; under the pipeline, the first stage holds min(m, p) micro-batches.
 
 With those, mixed-precision Adam gives DeepSpeed's own estimates exactly: ZeRO-2 per rank
 2P + 18P/N on the device (18 = 2 fp16 gradients + 4 fp32 gradients + 4 fp32 weights + 8 Adam),
 ZeRO-3 4L + 18P/N (the fp16 gradients live only in the gathered layer, the reduced gradient
-goes to an fp32 partition; 4L where the bucket is smaller than the model, which is where their
-estimator is meant for); with the optimizer offloaded, 16P/N per rank moves to the host
-(and the fp16 gradient partition is not kept), with the parameters offloaded too, 18P/N.
+goes to an fp32 partition; the plan's 4L holds where the bucket is smaller than the model,
+the large models their estimator is for); with the optimizer offloaded, 16P/N per rank moves to
+the host (and the fp16 gradient partition is not kept), with the parameters offloaded too,
+18P/N.
 tests/test_plan.py holds the plan to DeepSpeed's `estimate_zero2/3_model_states_mem_needs`.
 """
 
