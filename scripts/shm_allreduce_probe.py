@@ -20,6 +20,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable
+from fnmatch import fnmatch
 from pathlib import Path
 
 import deepspeed
@@ -27,6 +28,7 @@ import deepspeed.comm as dist
 import torch
 
 from toolkit.backends.ddp.shared_memory import SharedMemoryAllreduce
+from toolkit.launch.shm_leftovers import DEEPSPEED_BUFFERS, mapped_files
 
 SIZES_BYTES = (8, 4 << 10, 1 << 20, 4 << 20, 25 << 20, 64 << 20)
 """25 MiB: the gradients of the bench's MLP (6.3 M parameters, fp32)."""
@@ -78,11 +80,9 @@ def remove_deepspeed_buffers() -> None:
     which it never removes; once every rank has passed the barrier above, none maps a peer's
     anew, and the memory goes when the processes end. Run by `toolkit launch`, the job's
     teardown would remove them; run by the deepspeed launcher, nothing else does."""
-    with open("/proc/self/maps") as maps:
-        mapped = {line.split(maxsplit=5)[-1].strip() for line in maps if "/dev/shm/" in line}
-    for path in mapped:
-        if Path(path).name.startswith("deepspeed_allreduce_buffer_"):
-            Path(path).unlink(missing_ok=True)
+    for path in map(Path, mapped_files(processes=["self"])):
+        if fnmatch(path.name, DEEPSPEED_BUFFERS):
+            path.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tests.supervised import rank
 from toolkit.launch import run_local
-from toolkit.launch.shm_leftovers import SHM_DIRECTORY, leftovers, remove_leftovers
+from toolkit.launch.shm_leftovers import SHM_DIRECTORY, leftovers, mapped_files, remove_leftovers
 
 
 def test_only_new_unmapped_engine_files_are_leftovers(tmp_path: Path) -> None:
@@ -30,6 +30,16 @@ def test_only_new_unmapped_engine_files_are_leftovers(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [before.name, other.name, mapped.name]
     )
+
+
+def test_mapped_files_of_one_process(tmp_path: Path) -> None:
+    mapped, unmapped = tmp_path / "mapped", tmp_path / "unmapped"
+    for path in (mapped, unmapped):
+        path.write_bytes(b"\0" * mmap.PAGESIZE)
+    with mapped.open("r+b") as file, mmap.mmap(file.fileno(), mmap.PAGESIZE):
+        assert mapped_files(tmp_path, processes=["self"]) == {str(mapped)}
+        assert mapped_files(tmp_path) == {str(mapped)}
+        assert mapped_files(tmp_path, processes=["no-such-process"]) == set()
 
 
 def test_a_job_removes_the_deepspeed_buffers_its_ranks_leave(tmp_path: Path) -> None:

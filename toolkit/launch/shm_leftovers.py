@@ -9,26 +9,33 @@ leaked them (132 MiB a 2-rank DeepSpeed job, seen after each test run here), and
 containers, whose /dev/shm is 64 MiB by default. When a job's local processes have stopped,
 the supervisor removes the files it can tell the job made: named by an engine, owned by this
 user, created since the job started, and mapped by no live process (another job's are in use,
-or older); if the supervisor was killed, its watchdog does (parent_death.py). Remote hosts keep
-theirs.
+or older); if the supervisor was killed, its watchdog does (parent_death.py), and on every other
+host of the job the remote sweep does (reap.py).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from toolkit import shm_layout
 
 SHM_DIRECTORY = Path(shm_layout.SHM_DIRECTORY)
-ENGINE_FILES = ("deepspeed_allreduce_buffer_*", "vader_segment.*")
+DEEPSPEED_BUFFERS = "deepspeed_allreduce_buffer_*"
+ENGINE_FILES = (DEEPSPEED_BUFFERS, "vader_segment.*")
 
 
-def mapped_files(directory: Path = SHM_DIRECTORY) -> set[str]:
-    """Paths under `directory` that some live process has mapped (those it may read)."""
+def mapped_files(
+    directory: Path = SHM_DIRECTORY, processes: Iterable[str] | None = None
+) -> set[str]:
+    """Paths under `directory` that some live process has mapped (those it may read), or one
+    of `processes` (/proc entries: pids, or "self")."""
     prefix = f"{directory}/"
     found: set[str] = set()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    if processes is None:
+        processes = filter(str.isdigit, os.listdir("/proc"))
+    for pid in processes:
         try:
             with open(f"/proc/{pid}/maps") as maps:
                 for line in maps:
