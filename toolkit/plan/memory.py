@@ -185,7 +185,8 @@ def zero(
     p, n, stage = float(parameters), ranks, layout.stage
     w = 2.0 if half(spec) else 4.0
     k = float(optimizer_bytes(spec))
-    reduce_bucket = min(float(spec.zero.reduce_bucket_size), p) * w
+    bucket = float(spec.zero.reduce_bucket_size)
+    reduce_bucket = min(bucket, p) * w
     device: dict[str, float] = dict.fromkeys(COMPONENTS, 0.0)
     host: dict[str, float] = {}
     if stage == 0:
@@ -209,7 +210,6 @@ def zero(
     else:
         device["parameters"] = w * p / n
         device["gradients"] = 0.0 if layout.offload_optimizer else fp32_grad_partition
-        bucket = float(spec.zero.reduce_bucket_size)
         device["working"] = w * zero3_working(p, bucket, largest_layer, first_layer)
         device["buffers"] = 2.0 * reduce_bucket  # the contiguous bucket and its flattened copy
     never_together = 0.0
