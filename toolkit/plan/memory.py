@@ -19,15 +19,15 @@ Components (bytes per rank; P parameters, N data-parallel ranks, L the largest l
   run: DDP's gradient buckets (a second copy of the gradients unless ddp.gradient_as_bucket_view
   makes the gradients views into them) and its shared-memory allreduce segment (2 slots of 4 MiB
   per rank, mapped and touched whole by every rank, so in each one's RSS), Horovod's fusion
-  buffer (the touched part, `horovod_fusion_bytes`), ZeRO-2/3's contiguous gradient bucket (the
-  touched part), ZeRO-3's flattened copy of it (`reduce_scatter_coalesced` concatenates the
-  bucket to reduce it), ZeRO-0's flattened copy of the gradients it all-reduces, and ZeRO-1/2's:
-  with `use_multi_rank_bucket_allreduce`, DeepSpeed's default, every rank all-reduces a
-  flattened copy of the whole bucket (`allreduce_and_scatter` in stage_1_and_2.py),
-  min(bucket, P)·w more while it reduces. These last exist only during the reduction; ZeRO-1/2's
-  fp32 gradient partition exists only after it (`step()` builds it from the reduced gradients
-  and drops it when the step ends), so the total counts the larger of the two
-  (`Memory.never_together`).
+  buffer (the most a step touches, `horovod_fusion_bytes`), ZeRO-2/3's contiguous gradient
+  bucket (the touched part), ZeRO-3's flattened copy of it (`reduce_scatter_coalesced`
+  concatenates the bucket to reduce it), ZeRO-0's flattened copy of the gradients it
+  all-reduces, and ZeRO-1/2's: with `use_multi_rank_bucket_allreduce`, DeepSpeed's default,
+  every rank all-reduces a flattened copy of the whole bucket (`allreduce_and_scatter` in
+  stage_1_and_2.py), min(bucket, P)·w more while it reduces. These last exist only during the
+  reduction; ZeRO-1/2's fp32 gradient partition exists only after it (`step()` builds it from
+  the reduced gradients and drops it when the step ends), so the total counts the larger of
+  the two (`Memory.never_together`).
 - activations: what backward keeps, micro × (input + every leaf's output) × activation bytes,
   when the model is known; under the pipeline, the first stage holds min(m, p) micro-batches.
 
@@ -139,15 +139,18 @@ class ZeroLayout:
 def horovod_fusion_bytes(
     threshold: float, layer_gradient_bytes: Sequence[float], gradient_bytes: float
 ) -> float:
-    """The part of Horovod's fusion buffer a step touches. Horovod copies gradients into the
+    """The most of Horovod's fusion buffer a step touches. Horovod copies gradients into the
     buffer only when it fuses two or more into one reduction; a tensor reduced alone is reduced
     in place (`AllreduceOp` in horovod/common/ops). A layer whose gradients are larger than the
     buffer fuses with nothing, so the buffer holds at most the gradients of the layers smaller
-    than it, and never more than its size. (Measured: 16 MiB of a 64 MiB buffer touched for the
-    bench MLP, whose 64 MiB layer goes alone; `toolkit bench memory`.) Without the model's
-    layers (`layer_gradient_bytes` empty), min(buffer, every gradient, `gradient_bytes`).
-    Either is an upper bound: what fuses depends on which gradients are ready together
-    (measured 0.94 of the plan's total on a model whose layers all fit the buffer)."""
+    than it, and never more than its size; without the model's layers (`layer_gradient_bytes`
+    empty), min(buffer, every gradient, `gradient_bytes`).
+
+    How much of that a step reaches depends on time, which no plan knows: Horovod fuses what
+    became ready within one cycle (horovod.cycle_time_ms). Measured (`toolkit bench memory`,
+    docs/bench/findings.md): the bench MLP touched 8 MiB of this bound's 16, a second MLP 37
+    of 60, a stack of 4 MiB layers 3, 11 and 31 MiB of 44 in three runs. The bound is what a
+    plan that must not promise too little can give."""
     if not layer_gradient_bytes:
         return min(threshold, gradient_bytes)
     return min(threshold, sum(b for b in layer_gradient_bytes if b < threshold))

@@ -16,7 +16,12 @@ why:
   rank here, shared by every process that maps the library and dropped by the kernel at will;
   recorded apart as `file_backed_growth`;
 - what the allocator keeps after a free: without the trim, RSS after the steps moved by tens
-  of MiB from run to run;
+  of MiB from run to run. The trim returns only the main arena's free top, not the top of the
+  arenas glibc gives other threads, so the probe sends every thread's allocations to the main
+  arena (`one_malloc_arena`). Gloo's worker threads allocate a collective's temporaries, such as
+  the flat output of an all-gather, which ZeRO-3 runs layer by layer: in their own arenas each
+  worker kept its largest resident after the free, 24 MiB a rank on the second model of
+  docs/bench/findings.md (ZeRO-3 read 1.092 of the plan with them, 1.007 without);
 - the engines' lazy imports: the first `optimizer.step()` of a process imports torch._dynamo
   (836 modules, sympy among them), 67 MiB of anonymous memory a rank on torch 2.13, whichever
   engine runs it; `deepspeed.initialize` imports 615 more (torch._inductor's code generators,
@@ -121,6 +126,15 @@ class PeakSampler:
 
 
 _LIBC = ctypes.CDLL("libc.so.6")
+M_ARENA_MAX = -8
+"""mallopt's parameter for the number of malloc arenas (glibc's malloc.h)."""
+
+
+def one_malloc_arena() -> None:
+    """Every thread started from now on allocates from the main arena, the one arena whose
+    free top malloc_trim hands back (a non-main arena's free top stays resident)."""
+    if _LIBC.mallopt(M_ARENA_MAX, 1) != 1:
+        raise OSError("mallopt(M_ARENA_MAX, 1) failed")
 
 
 def settled() -> tuple[int, int]:
@@ -227,6 +241,7 @@ def census() -> dict[str, int]:
 
 def main() -> int:
     args = parse(sys.argv[1:])
+    one_malloc_arena()  # before the engines start their threads
     spec, run = start_toolkit(args.spec)
     widths = [int(w) for w in args.layers.split(",")]
     loader = run.loader(synthetic(widths, spec.batch_for(run.world_size).global_ * 2))
