@@ -19,9 +19,9 @@ why:
   of MiB from run to run. The trim returns only the main arena's free top, not the top of the
   arenas glibc gives other threads, so the probe sends every thread's allocations to the main
   arena (`one_malloc_arena`). Gloo's worker threads allocate a collective's temporaries, such as
-  the flat output of an all-gather, which ZeRO-3 runs layer by layer: in their own arenas each
-  worker kept its largest resident after the free, 24 MiB a rank on the second model of
-  docs/bench/findings.md (ZeRO-3 read 1.092 of the plan with them, 1.007 without);
+  the flat output of an all-gather, which ZeRO-3 runs layer by layer: their arenas kept 24 MiB
+  a rank resident after the frees on the second model of docs/bench/findings.md (ZeRO-3 read
+  1.092 of the plan with them, 1.007 without);
 - the engines' lazy imports: the first `optimizer.step()` of a process imports torch._dynamo
   (836 modules, sympy among them), 67 MiB of anonymous memory a rank on torch 2.13, whichever
   engine runs it; `deepspeed.initialize` imports 615 more (torch._inductor's code generators,
