@@ -1,5 +1,5 @@
 """Probe: two shared-memory allreduces against torch's Gloo, in the same 2 processes: DeepSpeed's
-and the one the toolkit's DDP backend uses (toolkit/backends/ddp/shared_memory.py).
+and the one the toolkit's DDP and DeepSpeed backends use (toolkit/backends/shared_memory.py).
 
 Not part of the bench (the toolkit's DeepSpeed backend turns DeepSpeed's shm_comm op off, see
 toolkit/backends/deepspeed/backend.py, so a toolkit rank cannot time it): the evidence for one
@@ -27,7 +27,7 @@ import deepspeed
 import deepspeed.comm as dist
 import torch
 
-from toolkit.backends.ddp.shared_memory import SharedMemoryAllreduce
+from toolkit.backends.shared_memory import SharedMemoryAllreduce
 from toolkit.launch.shm_leftovers import DEEPSPEED_BUFFERS, mapped_files
 
 SIZES_BYTES = (8, 4 << 10, 1 << 20, 4 << 20, 25 << 20, 64 << 20)
@@ -50,7 +50,9 @@ def main() -> None:
     torch.set_num_threads(1)
     deepspeed.init_distributed(dist_backend="gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    toolkit_shm = SharedMemoryAllreduce(rank=rank, world_size=world, timeout_s=60)
+    toolkit_shm = SharedMemoryAllreduce(
+        rank=rank, world_size=world, timeout_s=60, field="ddp.allreduce"
+    )
     paths: dict[str, Callable[[torch.Tensor], object]] = {
         "gloo": dist.all_reduce,
         "shm": dist.inference_all_reduce,

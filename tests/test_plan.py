@@ -20,7 +20,7 @@ from toolkit.cli import main
 from toolkit.plan import communication as comm
 from toolkit.plan import memory as mem
 from toolkit.plan.model_facts import ModelFacts, from_params
-from toolkit.plan.table import MIB, plan_rows, stage_split
+from toolkit.plan.table import MIB, ZERO_LAYOUTS, PlanRow, layout_name, plan_rows, stage_split
 from toolkit.spec import TrainSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -185,6 +185,25 @@ def test_ddp_counts_its_shared_memory_segment_where_it_has_one(
     flags = 64 * ranks if segment_mib else 0  # a cache line per rank
     assert row.memory.device["buffers"] == segment_mib * MIB + flags
     assert ("shared-memory segment" in row.note) is bool(segment_mib)
+
+
+@pytest.mark.parametrize("choice", ["auto", "shared_memory"])
+def test_zero_0_1_2_count_the_shared_memory_segment_and_zero_3_does_not(choice: str) -> None:
+    """ZeRO-0/1/2 all-reduce their gradients through it; ZeRO-3 reduce-scatters over Gloo."""
+
+    def rows(allreduce: str) -> dict[str, PlanRow]:
+        spec = TrainSpec.from_dict({"backend": "deepspeed", "deepspeed": {"allreduce": allreduce}})
+        return {r.name: r for r in plan_rows(spec, from_params(1000), 2)}
+
+    through_gloo, through_shm = rows("gloo"), rows(choice)
+    for layout in ZERO_LAYOUTS:
+        name = layout_name(layout)
+        added = (
+            through_shm[name].memory.device["buffers"] - through_gloo[name].memory.device["buffers"]
+        )
+        segment = 16 * MIB + 2 * 64 if layout.stage <= 2 else 0
+        assert added == segment, name
+        assert ("shared-memory segment" in through_shm[name].note) is bool(segment), name
 
 
 @pytest.mark.parametrize(

@@ -320,3 +320,45 @@ def test_port_ranges_end_at_65535(data: dict[str, object], path: str) -> None:
     assert issues_of(data) == [path]
     ddp = {"backend": "ddp", "tf": {"port": 65535}, "launch": {"np": 2}}
     assert TrainSpec.from_dict(ddp).tf.port == 65535  # ddp does not use tf.port
+
+
+@pytest.mark.parametrize(
+    ("data", "allowed"),
+    [
+        ({"backend": "ddp", "deepspeed": {"allreduce": "gloo"}}, "backend ddp does not read it"),
+        (
+            {
+                "backend": "deepspeed",
+                "zero": {"stage": 3},
+                "deepspeed": {"allreduce": "shared_memory"},
+            },
+            "with zero.stage 3",
+        ),
+        (
+            {
+                "backend": "deepspeed",
+                "pipeline": {"stages": 2},
+                "deepspeed": {"allreduce": "shared_memory"},
+            },
+            "with the pipeline engine",
+        ),
+    ],
+)
+def test_deepspeed_allreduce_written_where_it_would_be_ignored_is_refused(
+    data: dict[str, object], allowed: str
+) -> None:
+    with pytest.raises(SpecError) as caught:
+        TrainSpec.from_dict(data)
+    line = caught.value.one_line()
+    assert "deepspeed.allreduce=" in line and allowed in line and "HINT" in line, line
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_deepspeed_allreduce_auto_and_gloo_are_accepted_at_every_stage(stage: int) -> None:
+    for choice in ("auto", "gloo"):
+        data = {
+            "backend": "deepspeed",
+            "zero": {"stage": stage},
+            "deepspeed": {"allreduce": choice},
+        }
+        assert TrainSpec.from_dict(data).deepspeed.allreduce == choice

@@ -1,5 +1,5 @@
-"""The layout of the DDP backend's shared-memory allreduce segment
-(toolkit.backends.ddp.shared_memory), apart from the backend so that `toolkit plan` can count its
+"""The layout of the shared-memory allreduce segment of the DDP and DeepSpeed backends
+(toolkit.backends.shared_memory), apart from the backend so that `toolkit plan` can count its
 bytes without importing torch: a flag cache line per rank, then two sets of one slot per rank."""
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch.optim.lr_scheduler import LambdaLR
 
 from toolkit.backends.base import refuse_missing_script_optimizer
+from toolkit.backends.shared_memory import SharedMemoryAllreduce
 from toolkit.cores import threads_in_rank
 from toolkit.engines import MPI_ENVIRONMENTS
 from toolkit.errors import ToolkitError
@@ -217,6 +218,9 @@ class TorchCollectives:
     """allreduce, broadcast and barrier over torch.distributed, for backends built on it."""
 
     env: LaunchEnvironment
+    shm_allreduce: SharedMemoryAllreduce | None = None
+    """Set by a backend whose job sums through shared memory (toolkit.backends.shared_memory);
+    `run.allreduce` goes that way too from then on."""
 
     def allreduce(self, value: Any, op: str = "mean") -> Any:
         tensor = to_tensor(value).clone()
@@ -228,9 +232,12 @@ class TorchCollectives:
         return tensor.div_(self.env.world_size) if op == "mean" else tensor
 
     def sum_across_ranks_(self, tensor: torch.Tensor) -> None:
-        """Sum `tensor` over the ranks in place; a backend with a faster transport overrides
-        this."""
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        """Sum `tensor` over the ranks in place, through shared memory once the backend has set
+        it up, else through the process group."""
+        if self.shm_allreduce is None:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        else:
+            self.shm_allreduce.sum_(tensor)
 
     def broadcast(self, value: Any, root: int = 0) -> Any:
         tensor = to_tensor(value).clone()

@@ -5,12 +5,12 @@ script runs it; the toolkit's backend turns the op off) and creates
 /dev/shm/deepspeed_allreduce_buffer_* of 66 MiB a rank, which it never unlinks; Open MPI's
 shared-memory transport leaves its vader_segment.* files when mpirun is killed. Every such job
 leaked them (132 MiB a 2-rank DeepSpeed job, seen after each test run here), and a fuller
-/dev/shm turns DDP's shared-memory allreduce off (`ddp.allreduce: auto`) or fails jobs in
-containers, whose /dev/shm is 64 MiB by default. When a job's local processes have stopped,
-the supervisor removes the files it can tell the job made: named by an engine, owned by this
-user, created since the job started, and mapped by no live process (another job's are in use,
-or older); if the supervisor was killed, its watchdog does (parent_death.py), and on every other
-host of the job the remote sweep does (reap.py).
+/dev/shm turns the toolkit's shared-memory allreduce off (`ddp.allreduce` and
+`deepspeed.allreduce`: auto) or fails jobs in containers, whose /dev/shm is 64 MiB by default.
+When a job's local processes have stopped, the supervisor removes the files it can tell the job
+made: named by an engine, owned by this user, created since the job started, and mapped by no
+live process (another job's are in use, or older); if the supervisor was killed, its watchdog
+does (parent_death.py), and on every other host of the job the remote sweep does (reap.py).
 """
 
 from __future__ import annotations

@@ -17,8 +17,9 @@ Components (bytes per rank; P parameters, N data-parallel ranks, L the largest l
   gradient reduction in backward (`zero3_working`).
 - buffers: engine communication buffers, not in DeepSpeed's estimators but resident on a real
   run: DDP's gradient buckets (a second copy of the gradients unless ddp.gradient_as_bucket_view
-  makes the gradients views into them) and its shared-memory allreduce segment (2 slots of 4 MiB
-  per rank, mapped and touched whole by every rank, so in each one's RSS), Horovod's fusion
+  makes the gradients views into them) and the shared-memory allreduce segment of DDP and ZeRO-0/
+  1/2 (2 slots of 4 MiB per rank, mapped and touched whole by every rank, so in each one's RSS;
+  the DeepSpeed rows of a job that sums through Gloo leave it out), Horovod's fusion
   buffer (the most a step touches, `horovod_fusion_bytes`), ZeRO-2/3's contiguous gradient
   bucket (the touched part), ZeRO-3's flattened copy of it (`reduce_scatter_coalesced`
   concatenates the bucket to reduce it), ZeRO-0's flattened copy of the gradients it
@@ -182,9 +183,11 @@ def zero(
     ranks: int,
     activations: float | None,
     first_layer: int | None = None,
+    segment: float = 0.0,
 ) -> Memory:
     """DeepSpeed's engine at a ZeRO stage (0 = its plain data parallelism); see module docs.
-    `first_layer`: parameters of the model's first layer, when known (ZeRO-3's working set)."""
+    `first_layer`: parameters of the model's first layer, when known (ZeRO-3's working set);
+    `segment`: the shared-memory allreduce segment's bytes, where the ranks sum through it."""
     p, n, stage = float(parameters), ranks, layout.stage
     w = 2.0 if half(spec) else 4.0
     k = float(optimizer_bytes(spec))
@@ -197,7 +200,7 @@ def zero(
         device["gradients"] = w * p + (4.0 * p if half(spec) else 0.0)
         device["master"] = 4.0 * p / n if half(spec) else 0.0  # bf16/fp16 optimizer: partitioned
         device["optimizer"] = k * p / n if half(spec) else k * p
-        device["buffers"] = w * p  # the flattened allreduce bucket
+        device["buffers"] = w * p + segment  # the flattened allreduce bucket
         return Memory(device=device, activations=activations)
     fp32_grad_partition = 4.0 * p / n
     states = {"master": 4.0 * p / n, "optimizer": k * p / n}
@@ -215,6 +218,7 @@ def zero(
         device["gradients"] = 0.0 if layout.offload_optimizer else fp32_grad_partition
         device["working"] = w * zero3_working(p, bucket, largest_layer, first_layer)
         device["buffers"] = 2.0 * reduce_bucket  # the contiguous bucket and its flattened copy
+    device["buffers"] += segment
     never_together = 0.0
     if stage in (1, 2) and not layout.offload_optimizer:
         never_together = min(fp32_grad_partition, reduce_bucket)

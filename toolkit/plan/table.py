@@ -15,6 +15,7 @@ from toolkit.plan import memory as mem
 from toolkit.plan.model_facts import ModelFacts
 from toolkit.shm_layout import segment_bytes
 from toolkit.spec import TrainSpec
+from toolkit.spec.fields import AllreduceTransport
 from toolkit.units import MIB
 
 
@@ -63,7 +64,7 @@ def _ddp(s: Setting) -> list[PlanRow]:
     p = s.facts.parameters
     # Gradients that are views into the buckets need no second copy (ddp.gradient_as_bucket_view).
     buckets = 0.0 if s.spec.ddp.gradient_as_bucket_view else 4.0 * p
-    segment = float(segment_bytes(s.ranks)) if _ddp_shared_memory(s) else 0.0
+    segment = float(segment_bytes(s.ranks)) if _shared_memory(s, s.spec.ddp.allreduce) else 0.0
     memory = mem.replicated(s.spec, p, buffers=buckets + segment, activations=s.activations())
     sent = comm.allreduce_bytes(p, s.ranks, comm.gradient_bytes(s.spec, zero_engine=False))
     parts = []
@@ -75,11 +76,10 @@ def _ddp(s: Setting) -> list[PlanRow]:
     return [PlanRow("ddp+torch", memory, sent, note=note)]
 
 
-def _ddp_shared_memory(s: Setting) -> bool:
-    """Whether DDP reduces through its shared-memory segment (toolkit.backends.ddp.
+def _shared_memory(s: Setting, choice: AllreduceTransport) -> bool:
+    """Whether an engine reduces through the shared-memory segment (toolkit.backends.
     shared_memory), as far as the spec tells: `shared_memory`, or `auto` with more than one rank
     and every rank on one host. At run time `auto` also needs x86-64 and /dev/shm."""
-    choice = s.spec.ddp.allreduce
     one_host = len(s.spec.hosts) <= 1
     return s.ranks > 1 and (choice == "shared_memory" or (choice == "auto" and one_host))
 
@@ -125,6 +125,11 @@ def layout_name(layout: mem.ZeroLayout) -> str:
 
 def _deepspeed(s: Setting) -> list[PlanRow]:
     rows = []
+    # ZeRO-0/1/2 all-reduce their gradients through it (toolkit.backends.deepspeed.
+    # shared_memory_comm); ZeRO-3 reduce-scatters over Gloo.
+    segment = (
+        float(segment_bytes(s.ranks)) if _shared_memory(s, s.spec.deepspeed.allreduce) else 0.0
+    )
     for layout in ZERO_LAYOUTS:
         memory = mem.zero(
             s.spec,
@@ -134,6 +139,7 @@ def _deepspeed(s: Setting) -> list[PlanRow]:
             ranks=s.ranks,
             activations=s.activations(),
             first_layer=s.facts.first_layer,
+            segment=segment if layout.stage <= 2 else 0.0,
         )
         sent = comm.zero_bytes(
             s.spec,
@@ -142,7 +148,12 @@ def _deepspeed(s: Setting) -> list[PlanRow]:
             ranks=s.ranks,
             micro_batches=s.micro_batches,
         )
-        note = "" if s.facts.largest_layer_known or layout.stage < 3 else "largest layer = model"
+        notes = []
+        if segment and layout.stage <= 2:
+            notes.append("buffers: the shared-memory segment")
+        if not s.facts.largest_layer_known and layout.stage == 3:
+            notes.append("largest layer = model")
+        note = "; ".join(notes)
         rows.append(PlanRow(layout_name(layout), memory, sent, note=note))
     if s.spec.pipeline.stages > 1:
         rows.append(_pipeline(s))

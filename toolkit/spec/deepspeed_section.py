@@ -20,7 +20,7 @@ from pydantic import Field
 
 from toolkit import engines
 from toolkit.spec.errors import SpecIssue
-from toolkit.spec.fields import Section
+from toolkit.spec.fields import AllreduceTransport, Section
 
 Dtype = Literal["fp32", "fp16", "bf16"]
 
@@ -62,6 +62,14 @@ class DeepSpeedSpec(Section):
         default=None,
         description="dtype gradients are all-reduced in; null = the precision's.",
     )
+    allreduce: AllreduceTransport = Field(
+        default="auto",
+        description="The toolkit's, not a ds_config key: how ZeRO stages 0-2 sum their "
+        "gradients across ranks. gloo: DeepSpeed's torch.distributed process group, over TCP. "
+        "shared_memory: through /dev/shm, for ranks on one x86-64 host (as ddp.allreduce; 2 "
+        "slots of 4 MiB per rank). auto: shared_memory wherever it can run, else gloo. ZeRO-3 "
+        "and the pipeline engine reduce through Gloo either way.",
+    )
 
 
 def _issue(key: str, value: object, allowed: str) -> SpecIssue:
@@ -88,6 +96,31 @@ def deepspeed_issues(section: DeepSpeedSpec, backend: str, precision: str) -> It
         value = getattr(section, key)
         if value is not None and value != precision:
             yield _issue(key, value, f"{where} uses the precision's dtype ({precision})")
+
+
+def allreduce_issues(
+    section: DeepSpeedSpec, backend: str, *, zero_stage: int, pipeline_stages: int
+) -> Iterator[SpecIssue]:
+    """`deepspeed.allreduce` written where it would be ignored: the transport is DeepSpeed's,
+    of the gradient all-reduces of ZeRO stages 0-2 without the pipeline engine."""
+    if section.allreduce == "auto":
+        return
+    if not engines.engine(backend).deepspeed_settings:
+        yield SpecIssue(
+            path="deepspeed.allreduce",
+            value=section.allreduce,
+            allowed=f"the DeepSpeed engine's transport; backend {backend} does not read it",
+            hint="remove deepspeed.allreduce (ddp.allreduce is DDP's)",
+        )
+    elif section.allreduce == "shared_memory" and (zero_stage > 2 or pipeline_stages > 1):
+        where = f"zero.stage {zero_stage}" if zero_stage > 2 else "the pipeline engine"
+        yield SpecIssue(
+            path="deepspeed.allreduce",
+            value=section.allreduce,
+            allowed=f"auto or gloo with {where}, which reduces over Gloo (reduce-scatter or "
+            "groups of some ranks)",
+            hint="set deepspeed.allreduce: auto, or zero.stage 0-2 without pipeline stages",
+        )
 
 
 def bias_correction_issues(bias_correction: bool, backend: str) -> Iterator[SpecIssue]:

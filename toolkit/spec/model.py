@@ -21,7 +21,12 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from toolkit.engines import Backend, Framework, Launcher, controllers_under, engine
 from toolkit.spec import rules
 from toolkit.spec.batch import ResolvedBatch, resolve_batch
-from toolkit.spec.deepspeed_section import DeepSpeedSpec, bias_correction_issues, deepspeed_issues
+from toolkit.spec.deepspeed_section import (
+    DeepSpeedSpec,
+    allreduce_issues,
+    bias_correction_issues,
+    deepspeed_issues,
+)
 from toolkit.spec.errors import SpecError, SpecIssue
 from toolkit.spec.fields import Section, rule_error
 from toolkit.spec.hostfile import read_hostfile
@@ -162,6 +167,14 @@ class TrainSpec(Section):
         if _have(info, "backend", "precision"):
             data = info.data
             _raise(deepspeed_issues(section, data["backend"], data["precision"]))
+        if _have(info, "backend", "zero", "pipeline"):
+            data = info.data
+            stages = data["pipeline"].stages
+            _raise(
+                allreduce_issues(
+                    section, data["backend"], zero_stage=data["zero"].stage, pipeline_stages=stages
+                )
+            )
         return section
 
     @field_validator("zero")

@@ -22,6 +22,7 @@ from pydantic import Field, PrivateAttr, ValidationInfo, field_validator
 
 from toolkit.engines import Controller, Launcher
 from toolkit.spec.fields import (
+    AllreduceTransport,
     Betas,
     Env,
     Hosts,
@@ -38,7 +39,6 @@ OffloadDevice = Literal["none", "cpu", "nvme"]
 HorovodCompression = Literal["none", "fp16"]
 HorovodOp = Literal["average", "sum", "adasum"]
 TfCommunication = Literal["ring", "nccl", "auto"]
-DdpAllreduce = Literal["auto", "gloo", "shared_memory"]
 MultinodeLauncher = Literal["pdsh", "openmpi", "mvapich", "slurm"]
 
 PathText = Annotated[str, Text("a path", "write a non-empty path on one line")]
@@ -317,7 +317,7 @@ class DdpSpec(Section):
         "copy into the bucket before each all-reduce and back after it, and one copy of the "
         "gradients fewer in memory.",
     )
-    allreduce: DdpAllreduce = Field(
+    allreduce: AllreduceTransport = Field(
         default="auto",
         description="How a bucket is summed across ranks. gloo: torch's process group, over "
         "TCP. shared_memory: through /dev/shm, for ranks on one x86-64 host (the toolkit's "

@@ -5,7 +5,7 @@ and the last backward all-reduces the sum. Each micro-batch's loss is divided by
 micro-batches, and DDP averages over ranks, so the step's gradient is the global-batch mean.
 
 Buckets, and `run.allreduce` after `prepare`, are summed through shared memory when every rank
-is on one host (`ddp.allreduce`, toolkit/backends/ddp/shared_memory.py), through Gloo otherwise.
+is on one host (`ddp.allreduce`, toolkit/backends/shared_memory.py), through Gloo otherwise.
 
 Evaluation runs the unwrapped module: DDP's own forward would broadcast buffers, a collective
 that evaluation does not need.
@@ -22,11 +22,11 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from toolkit.backends import shared_memory, torch_state
 from toolkit.backends import torch_batches as batches
 from toolkit.backends import torch_common as common
-from toolkit.backends import torch_state
 from toolkit.backends.base import Backend, LossFn, MetricFn, MicroBatch, StateShare
-from toolkit.backends.ddp import shared_memory
+from toolkit.backends.ddp.comm_hook import comm_hook
 from toolkit.backends.torch_data import TorchData
 from toolkit.checkpoint import CheckpointState
 
@@ -34,9 +34,6 @@ from toolkit.checkpoint import CheckpointState
 class DDPBackend(common.TorchCollectives, TorchData, Backend):
     model: DistributedDataParallel
     optimizer: torch.optim.Optimizer
-    shm_allreduce: shared_memory.SharedMemoryAllreduce | None = None
-    """Set by `prepare` when the job sums through shared memory; `run.allreduce` uses it from
-    then on (before `prepare`, and with Gloo, it goes through the process group)."""
 
     def setup(self) -> None:
         common.configure_threads(self.spec, self.env)
@@ -62,6 +59,7 @@ class DDPBackend(common.TorchCollectives, TorchData, Backend):
         )
         transport = shared_memory.resolve(
             self.spec.ddp.allreduce,
+            field="ddp.allreduce",
             world_size=self.env.world_size,
             local_world_size=self.env.local_world_size,
         )
@@ -70,8 +68,9 @@ class DDPBackend(common.TorchCollectives, TorchData, Backend):
                 rank=self.env.rank,
                 world_size=self.env.world_size,
                 timeout_s=self.spec.timeouts.collective_s,
+                field="ddp.allreduce",
             )
-            self.model.register_comm_hook(self.shm_allreduce, shared_memory.comm_hook)
+            self.model.register_comm_hook(self.shm_allreduce, comm_hook)
         lr = self.spec.effective_lr(self.env.world_size)
         self.optimizer = optimizer or common.build_optimizer(self.model.parameters(), self.spec, lr)
         self.scheduler = common.lr_scheduler(self.optimizer, self.spec)
@@ -91,12 +90,6 @@ class DDPBackend(common.TorchCollectives, TorchData, Backend):
             total += loss.detach().double()
         self._step()
         return self.reported_loss(total / count)
-
-    def sum_across_ranks_(self, tensor: torch.Tensor) -> None:
-        if self.shm_allreduce is None:
-            super().sum_across_ranks_(tensor)
-        else:
-            self.shm_allreduce.sum_(tensor)
 
     def _step(self) -> None:
         if self.scaler:

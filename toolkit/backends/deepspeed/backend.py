@@ -44,9 +44,9 @@ from deepspeed.accelerator import get_accelerator
 from deepspeed.pipe import PipelineModule
 from deepspeed.utils import safe_get_full_fp32_param
 
+from toolkit.backends import shared_memory, torch_state
 from toolkit.backends import torch_batches as batches
 from toolkit.backends import torch_common as common
-from toolkit.backends import torch_state
 from toolkit.backends.base import (
     Backend,
     LossFn,
@@ -55,7 +55,7 @@ from toolkit.backends.base import (
     StateShare,
     refuse_missing_script_optimizer,
 )
-from toolkit.backends.deepspeed import pipeline, state
+from toolkit.backends.deepspeed import pipeline, shared_memory_comm, state
 from toolkit.backends.torch_data import TorchData
 from toolkit.checkpoint import CheckpointState
 from toolkit.errors import ToolkitError
@@ -93,6 +93,27 @@ class DeepSpeedBackend(common.TorchCollectives, TorchData, Backend):
             timeout=common.collective_timeout(self.spec),
             verbose=False,
         )
+        self._sum_through_shared_memory()
+
+    def _sum_through_shared_memory(self) -> None:
+        """ZeRO-0/1/2's gradient all-reduces, and `run.allreduce`, through /dev/shm where
+        `deepspeed.allreduce` resolves so (shared_memory_comm)."""
+        if not shared_memory_comm.uses_shared_memory(self.spec):
+            return
+        transport = shared_memory.resolve(
+            self.spec.deepspeed.allreduce,
+            field=shared_memory_comm.FIELD,
+            world_size=self.env.world_size,
+            local_world_size=self.env.local_world_size,
+        )
+        if transport == "shared_memory":
+            self.shm_allreduce = shared_memory.SharedMemoryAllreduce(
+                rank=self.env.rank,
+                world_size=self.env.world_size,
+                timeout_s=self.spec.timeouts.collective_s,
+                field=shared_memory_comm.FIELD,
+            )
+            shared_memory_comm.install(self.shm_allreduce)
 
     def prepare(self, model: Any, optimizer: Any | None = None) -> Any:
         module = common.require_module(model)
@@ -246,6 +267,7 @@ class DeepSpeedBackend(common.TorchCollectives, TorchData, Backend):
     def shutdown(self) -> None:
         # deepspeed.comm's destroy also drops DeepSpeed's cached groups; it logs on stdout.
         def destroy() -> None:
+            shared_memory_comm.uninstall()
             with contextlib.redirect_stdout(io.StringIO()):
                 deepspeed.comm.destroy_process_group()
 

@@ -1,7 +1,7 @@
-"""DDP's shared-memory allreduce (toolkit/backends/ddp/shared_memory.py): which transport a job
-gets, and the sums themselves in real processes against Gloo's, chunk boundaries and dtypes
-included; a peer that never arrives is a named error within the timeout; /dev/shm is left as
-it was found."""
+"""The shared-memory allreduce (toolkit/backends/shared_memory.py) of DDP and DeepSpeed: which
+transport a job gets, and the sums themselves in real processes against Gloo's, chunk boundaries
+and dtypes included; a peer that never arrives is a named error within the timeout; /dev/shm is
+left as it was found."""
 
 from __future__ import annotations
 
@@ -16,12 +16,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from toolkit.backends.ddp import shared_memory
-from toolkit.backends.ddp.shared_memory import SharedMemoryAllreduce, resolve
+from toolkit.backends import shared_memory
+from toolkit.backends.ddp.comm_hook import comm_hook
+from toolkit.backends.shared_memory import SEGMENT_PREFIX, SharedMemoryAllreduce, resolve
 from toolkit.errors import ToolkitError
 from toolkit.ports import free_port
 from toolkit.shm_layout import SLOT_BYTES
 
+FIELD = "ddp.allreduce"
 ON_X86_64 = platform.machine().lower() in ("x86_64", "amd64") and os.path.isdir("/dev/shm")
 
 
@@ -40,12 +42,12 @@ def test_which_transport_a_job_gets(
 ) -> None:
     monkeypatch.setattr(platform, "machine", lambda: "x86_64")
     monkeypatch.setattr(os.path, "isdir", lambda path: path == "/dev/shm")
-    assert resolve(choice, world_size=world, local_world_size=local) == expected  # type: ignore[arg-type]
+    assert resolve(choice, field=FIELD, world_size=world, local_world_size=local) == expected  # type: ignore[arg-type]
 
 
 def test_auto_keeps_gloo_where_the_barrier_would_be_unsafe(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(platform, "machine", lambda: "aarch64")
-    assert resolve("auto", world_size=2, local_world_size=2) == "gloo"
+    assert resolve("auto", field=FIELD, world_size=2, local_world_size=2) == "gloo"
 
 
 @pytest.mark.parametrize(
@@ -61,7 +63,7 @@ def test_shared_memory_written_where_it_cannot_run_is_one_clear_error(
 ) -> None:
     monkeypatch.setattr(platform, "machine", lambda: machine)
     with pytest.raises(ToolkitError) as caught:
-        resolve("shared_memory", world_size=world, local_world_size=local)
+        resolve("shared_memory", field=FIELD, world_size=world, local_world_size=local)
     message = str(caught.value)
     assert message.startswith("ddp.allreduce: 'shared_memory' cannot run here")
     assert reason in message and "allowed here: gloo, auto" in message and "\n" not in message
@@ -74,10 +76,10 @@ def test_auto_keeps_gloo_where_dev_shm_has_no_room_for_the_segment(
     monkeypatch.setattr(platform, "machine", lambda: "x86_64")
     room = os.statvfs_result((4096, 4096, 16384, 16384, 16384, 0, 0, 0, 0, 255))  # 64 MiB free
     monkeypatch.setattr(os, "statvfs", lambda path: room)
-    assert resolve("auto", world_size=4, local_world_size=4) == "shared_memory"
-    assert resolve("auto", world_size=8, local_world_size=8) == "gloo"
+    assert resolve("auto", field=FIELD, world_size=4, local_world_size=4) == "shared_memory"
+    assert resolve("auto", field=FIELD, world_size=8, local_world_size=8) == "gloo"
     with pytest.raises(ToolkitError, match=r"has 64\.0 MiB free, the segment needs 64\.0"):
-        resolve("shared_memory", world_size=8, local_world_size=8)
+        resolve("shared_memory", field=FIELD, world_size=8, local_world_size=8)
 
 
 @pytest.mark.skipif(not ON_X86_64, reason="the shared-memory transport runs on x86-64 only")
@@ -108,7 +110,7 @@ DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 
 def _compare_with_gloo(rank: int, world: int, port: int, results: Path) -> None:
     _join(rank, world, port)
-    transport = SharedMemoryAllreduce(rank=rank, world_size=world, timeout_s=60)
+    transport = SharedMemoryAllreduce(rank=rank, world_size=world, timeout_s=60, field=FIELD)
     lines = []
     for dtype in DTYPES:
         for size in SIZES:
@@ -130,7 +132,7 @@ def _compare_with_gloo(rank: int, world: int, port: int, results: Path) -> None:
 
 
 def _segments() -> set[str]:
-    return {name for name in os.listdir("/dev/shm") if name.startswith("toolkit-ddp-")}
+    return {name for name in os.listdir("/dev/shm") if name.startswith(SEGMENT_PREFIX)}
 
 
 @pytest.mark.multiproc
@@ -152,7 +154,7 @@ def test_sums_match_gloo_and_every_rank_reads_the_same(world: int, tmp_path: Pat
 
 def _wait_for_absent_peer(rank: int, port: int, results: Path) -> None:
     _join(rank, 2, port)
-    transport = SharedMemoryAllreduce(rank=rank, world_size=2, timeout_s=3)
+    transport = SharedMemoryAllreduce(rank=rank, world_size=2, timeout_s=3, field=FIELD)
     if rank == 0:
         start = time.monotonic()
         try:
@@ -175,7 +177,7 @@ def test_a_peer_that_never_arrives_is_named_within_the_timeout(tmp_path: Path) -
 
 def test_the_hook_is_the_signature_ddp_accepts() -> None:
     """DDP rejects a hook whose annotations are strings (a module with postponed annotations)."""
-    annotations = shared_memory.comm_hook.__annotations__
+    annotations = comm_hook.__annotations__
     assert annotations["bucket"] is dist.GradBucket
     assert annotations["return"] == torch.futures.Future[torch.Tensor]
 
@@ -189,7 +191,7 @@ def _map_from_another_host(rank: int, port: int, results: Path) -> None:
 
         shared_memory.open = elsewhere  # type: ignore[attr-defined]
     try:
-        SharedMemoryAllreduce(rank=rank, world_size=2, timeout_s=10)
+        SharedMemoryAllreduce(rank=rank, world_size=2, timeout_s=10, field=FIELD)
     except ToolkitError as error:
         (results / f"rank{rank}.txt").write_text(str(error))
     dist.destroy_process_group()
@@ -209,7 +211,7 @@ def test_a_rank_that_cannot_see_the_segment_fails_every_rank_clearly(tmp_path: P
 
 def _sums_of_any_tensor(rank: int, port: int, results: Path) -> None:
     _join(rank, 2, port)
-    transport = SharedMemoryAllreduce(rank=rank, world_size=2, timeout_s=30)
+    transport = SharedMemoryAllreduce(rank=rank, world_size=2, timeout_s=30, field=FIELD)
     counts = torch.arange(6, dtype=torch.int64).reshape(2, 3) * (rank + 1)
     transport.sum_(counts)
     columns = torch.arange(12, dtype=torch.float32).reshape(3, 4).t() * (rank + 1)  # strided

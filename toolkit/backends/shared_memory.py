@@ -1,5 +1,7 @@
-"""DDP's gradient allreduce through shared memory, for ranks that share one host; `run.allreduce`
-under DDP goes the same way.
+"""A sum across ranks through shared memory, for ranks that share one host: DDP's gradient
+buckets (a DDP comm hook, `ddp.allreduce`), DeepSpeed's gradient all-reduces at ZeRO stages 0-2
+(its communication backend's `all_reduce`, `deepspeed.allreduce`; toolkit.backends.deepspeed.
+shared_memory_comm), and `run.allreduce` under either.
 
 Why: torch's Gloo moves a 25 MB bucket between two processes of one host at about 1 GB/s over
 loopback TCP (20.8 ms; docs/bench/allreduce.json), and DDP's step was 1.69x the physical floor of
@@ -10,8 +12,9 @@ issue 13, most of the excess being Gloo. Through /dev/shm the same bytes take 7-
 How: one segment per job in /dev/shm holds a flag per rank and two sets of `world` slots of
 SLOT_BYTES each. A bucket goes through in chunks of one slot; for each chunk:
 
-1. each rank writes its chunk, divided by the world size, into its slot. DDP's own hook divides
-   each rank's gradient before summing; dividing first keeps every bit of that;
+1. each rank writes its chunk into its slot, divided by the world size for DDP: DDP's own hook
+   divides each rank's gradient before summing, and dividing first keeps every bit of that
+   (DeepSpeed divides, or not, before it calls all_reduce, and gets a plain sum);
 2. barrier;
 3. rank r sums its 1/world share of the chunk over every slot, in slot order, into slot 0;
 4. barrier;
@@ -42,8 +45,7 @@ with an error saying so. `auto` takes Gloo where /dev/shm has less room than the
 (a container's default /dev/shm is 64 MiB: 8 ranks need 64 MiB and a little more).
 """
 
-# No `from __future__ import annotations` here: DDP's register_comm_hook compares comm_hook's
-# annotations with dist.GradBucket and Future[Tensor] themselves and rejects strings.
+from __future__ import annotations
 
 import mmap
 import os
@@ -66,7 +68,7 @@ from toolkit.shm_layout import (
     segment_bytes,
     slots_bytes,
 )
-from toolkit.spec.sections import DdpAllreduce
+from toolkit.spec.fields import AllreduceTransport
 from toolkit.units import MIB
 
 Transport = Literal["gloo", "shared_memory"]
@@ -78,18 +80,23 @@ LONGEST_PAUSE_SECONDS = 0.001
 """Sleeps between polls double up to this: the few percent of a core a long wait costs."""
 
 _X86_64 = ("x86_64", "amd64")
+SEGMENT_PREFIX = "toolkit-allreduce-"
+"""The segment files' names in /dev/shm, each unlinked once every rank has mapped it."""
 
 
-def resolve(choice: DdpAllreduce, *, world_size: int, local_world_size: int) -> Transport:
+def resolve(
+    choice: AllreduceTransport, *, field: str, world_size: int, local_world_size: int
+) -> Transport:
     """The transport a job uses: `auto` is shared memory when every rank is on this host, the
     host is x86-64 and has /dev/shm, and the job has more than one rank; else Gloo. An explicit
-    `shared_memory` the job cannot use is an error, not a quiet fall-back."""
+    `shared_memory` the job cannot use is an error naming the spec's `field`, not a quiet
+    fall-back."""
     obstacle = _obstacle(world_size=world_size, local_world_size=local_world_size)
     if choice == "gloo" or (choice == "auto" and obstacle):
         return "gloo"
     if obstacle:
         raise ToolkitError(
-            f"ddp.allreduce: 'shared_memory' cannot run here: {obstacle}; allowed here: "
+            f"{field}: 'shared_memory' cannot run here: {obstacle}; allowed here: "
             "gloo, auto (hint: auto picks shared memory wherever it can run)"
         )
     return "shared_memory"
@@ -115,15 +122,17 @@ def _obstacle(*, world_size: int, local_world_size: int) -> str | None:
 
 class SharedMemoryAllreduce:
     """The segment and the per-chunk protocol of one job's ranks. Create it on every rank at
-    the same point: the constructor is collective over the default process group."""
+    the same point: the constructor is collective over the default process group. `field` is
+    the spec setting that chose it, named in its errors."""
 
-    def __init__(self, *, rank: int, world_size: int, timeout_s: float) -> None:
+    def __init__(self, *, rank: int, world_size: int, timeout_s: float, field: str) -> None:
         self.rank = rank
+        self.field = field
         self.world_size = world_size
         self.timeout_s = timeout_s
         self.generation = 0
         self.chunk = 0
-        self._mapping = _map_segment(rank, segment_bytes(world_size))
+        self._mapping = _map_segment(rank, segment_bytes(world_size), field)
         self.flags = np.frombuffer(self._mapping, dtype=np.int64, count=FLAG_STRIDE * world_size)
         self.slots = torch.frombuffer(
             self._mapping,
@@ -190,7 +199,7 @@ class SharedMemoryAllreduce:
         written = self.flags[1::FLAG_STRIDE]
         if (written != written[self.rank]).any():
             raise ToolkitError(
-                f"ddp shared-memory allreduce: the ranks passed tensors of different sizes "
+                f"{self.field} (shared memory): the ranks passed tensors of different sizes "
                 f"(bytes of this chunk by rank: {written.tolist()}); every rank must reduce a "
                 "tensor of the same shape and dtype"
             )
@@ -198,13 +207,13 @@ class SharedMemoryAllreduce:
     def _timed_out(self, counts: np.ndarray) -> ToolkitError:
         missing = [int(peer) for peer in np.flatnonzero(counts < self.generation)]
         return ToolkitError(
-            f"ddp shared-memory allreduce: rank {self.rank} on {socket.gethostname()} waited "
+            f"{self.field} (shared memory): rank {self.rank} on {socket.gethostname()} waited "
             f"{self.timeout_s:g} s (timeouts.collective_s) for rank(s) {missing} on the same "
             "host; they are dead or stalled"
         )
 
 
-def _map_segment(rank: int, nbytes: int) -> mmap.mmap:
+def _map_segment(rank: int, nbytes: int, field: str) -> mmap.mmap:
     """Rank 0 creates the segment's file, every rank maps it, rank 0 unlinks it. A rank that
     cannot open the file is not on rank 0's host, whatever its launcher said: every rank then
     fails with the same error instead of reducing with a rank that sees another segment."""
@@ -215,9 +224,9 @@ def _map_segment(rank: int, nbytes: int) -> mmap.mmap:
     path = created[0]
     if created[1]:
         raise ToolkitError(
-            f"ddp.allreduce: rank 0 could not reserve {nbytes / MIB:.1f} MiB of shared memory "
+            f"{field}: rank 0 could not reserve {nbytes / MIB:.1f} MiB of shared memory "
             f"in {SHM_DIRECTORY} ({created[1]})",
-            f"free {SHM_DIRECTORY} (a container's --shm-size), or use ddp.allreduce: gloo",
+            f"free {SHM_DIRECTORY} (a container's --shm-size), or use {field}: gloo",
         )
     mapping, problem = None, ""
     try:
@@ -232,9 +241,9 @@ def _map_segment(rank: int, nbytes: int) -> mmap.mmap:
     failed = {peer: text for peer, text in enumerate(problems) if text}
     if mapping is None or failed:
         raise ToolkitError(
-            f"ddp.allreduce: rank(s) {sorted(failed)} could not map rank 0's shared-memory "
+            f"{field}: rank(s) {sorted(failed)} could not map rank 0's shared-memory "
             f"segment {path} ({'; '.join(failed.values())}); every rank must be on one "
-            "host (hint: ddp.allreduce: gloo)"
+            f"host (hint: {field}: gloo)"
         )
     return mapping
 
@@ -243,7 +252,7 @@ def create_segment(nbytes: int) -> tuple[str, str]:
     """A new file of `nbytes` in /dev/shm with its pages reserved: (path, "") or, when the space
     is not there, ("", why) with nothing left behind."""
     try:
-        descriptor, path = tempfile.mkstemp(prefix="toolkit-ddp-", dir=SHM_DIRECTORY)
+        descriptor, path = tempfile.mkstemp(prefix=SEGMENT_PREFIX, dir=SHM_DIRECTORY)
     except OSError as error:
         return "", str(error.strerror)
     try:
@@ -254,13 +263,3 @@ def create_segment(nbytes: int) -> tuple[str, str]:
     finally:
         os.close(descriptor)
     return path, ""
-
-
-def comm_hook(
-    state: SharedMemoryAllreduce, bucket: dist.GradBucket
-) -> torch.futures.Future[torch.Tensor]:
-    """DDP's comm hook signature: average one bucket, already done when it returns. DDP calls
-    it from the backward pass, for the same buckets in the same order on every rank."""
-    done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    done.set_result(state.mean_(bucket.buffer()))
-    return done

@@ -1,0 +1,86 @@
+"""DeepSpeed's gradient all-reduces through the toolkit's shared memory
+(toolkit/backends/deepspeed/shared_memory_comm.py), for real: 2 ranks under the deepspeed
+launcher train to the same bits as over Gloo, and a stopped rank is named by the shared-memory
+wait within `timeouts.collective_s`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.realrun import BIN, SPECS, TORCH_EXAMPLE, rank_env, run
+from tests.supervised import CONTRACT_SECONDS, gone, start_training_job, wait_for_ranks
+from toolkit.ports import free_port
+
+pytestmark = [pytest.mark.multiproc, pytest.mark.usefixtures("no_orphans")]
+
+ON_X86_64 = os.uname().machine.lower() in ("x86_64", "amd64") and os.path.isdir("/dev/shm")
+HOST = socket.gethostname()
+COLLECTIVE_SECONDS = 5.0
+UP_SECONDS = 240.0
+
+
+def zero_spec(stage: int, **changes: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = yaml.safe_load((SPECS / "zero2.yaml").read_text())
+    spec["zero"] = {"stage": stage}
+    spec["launch"] = {"launcher": "deepspeed", "np": 2, "master_port": free_port()}
+    spec.update(changes)
+    return spec
+
+
+def train(spec: dict[str, Any], path: Path) -> dict[int, str]:
+    path.write_text(yaml.safe_dump(spec))
+    argv = [str(BIN / "deepspeed"), "--num_gpus", "2", "--master_port", str(free_port())]
+    done = run(
+        [*argv, TORCH_EXAMPLE, "--spec", str(path), "--epochs", "2", "--min-accuracy", "0.5"]
+    )
+    assert done.returncode == 0, done.explain()
+    assert len(set(done.digests.values())) == 1 and len(done.digests) == 2, done.explain()
+    return done.digests
+
+
+@pytest.mark.skipif(not ON_X86_64, reason="the shared-memory transport runs on x86-64 only")
+@pytest.mark.parametrize("stage", [0, 2])
+def test_zero_sums_through_shared_memory_to_the_bits_of_gloo(stage: int, tmp_path: Path) -> None:
+    """Both transports add a + b for 2 ranks: every weight is the same, not just close."""
+    through_gloo = train(zero_spec(stage, deepspeed={"allreduce": "gloo"}), tmp_path / "g.yaml")
+    through_shm = train(
+        zero_spec(stage, deepspeed={"allreduce": "shared_memory"}), tmp_path / "s.yaml"
+    )
+    assert through_shm == through_gloo
+
+
+@pytest.mark.skipif(not ON_X86_64, reason="the shared-memory transport runs on x86-64 only")
+@pytest.mark.parametrize("stage", [0, 2])
+def test_a_stopped_rank_is_named_by_the_shared_memory_wait(stage: int, tmp_path: Path) -> None:
+    """The heartbeat is set far off, so what ends the job is rank 0's wait in the gradient
+    all-reduce: that it names rank 1 shows the gradients go through shared memory."""
+    spec = zero_spec(
+        stage,
+        deepspeed={"allreduce": "shared_memory"},
+        timeouts={"stall_s": 600, "collective_s": COLLECTIVE_SECONDS},
+    )
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    job, piddir, log = start_training_job(path, tmp_path, rank_env())
+    try:
+        ranks = wait_for_ranks(piddir, bound=UP_SECONDS, job=job, log=log)
+        os.kill(ranks[1], signal.SIGSTOP)
+        returncode = job.wait(timeout=COLLECTIVE_SECONDS + CONTRACT_SECONDS)
+    finally:
+        job.kill()
+        job.wait()
+    output = log.read_text()
+    assert returncode not in (0, 124), output[-3000:]
+    expected = (
+        f"deepspeed.allreduce (shared memory): rank 0 on {HOST} waited {COLLECTIVE_SECONDS:g} s "
+        "(timeouts.collective_s) for rank(s) [1]"
+    )
+    assert expected in output, output[-3000:]
+    assert gone(ranks[0]) and gone(ranks[1])

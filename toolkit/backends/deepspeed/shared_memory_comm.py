@@ -1,0 +1,80 @@
+"""ZeRO stages 0-2 sum their gradients through the toolkit's shared-memory allreduce
+(toolkit.backends.shared_memory) when every rank is on one host (`deepspeed.allreduce`).
+
+Where DeepSpeed sums: every collective goes through one module-level object,
+`deepspeed.comm.comm.cdb` (its TorchBackend over torch.distributed). ZeRO-0's
+`engine.allreduce_bucket` and ZeRO-1/2's `average_tensor` (with `reduce_scatter: true`, which the
+toolkit writes) flatten a bucket of gradients, divide it by the world size before or after, and
+call `deepspeed.comm.all_reduce(bucket, group=dp_process_group)`, that is
+`cdb.all_reduce(tensor, op, group, async_op)`. DeepSpeed has no setting for that transport (its
+CPU shared-memory op serves `inference_all_reduce` only, never training), so the toolkit wraps
+`cdb`: a synchronous SUM over a group of every rank goes through shared memory, anything else to
+DeepSpeed's own backend unchanged. ZeRO-3 reduces with reduce_scatter and the pipeline engine over
+groups of some ranks; neither is wrapped (`uses_shared_memory`).
+
+Bits: the sum of 2 ranks is a + b through either transport, so the weights are Gloo's to the bit
+(the parity cases hold them to DDP's); with more ranks the order of the additions differs from
+Gloo's ring, which changes the rounding only, as under DDP.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from deepspeed.comm import comm as deepspeed_comm
+from deepspeed.comm.reduce_op import ReduceOp
+
+from toolkit.backends.shared_memory import SharedMemoryAllreduce
+from toolkit.spec import TrainSpec
+
+FIELD = "deepspeed.allreduce"
+
+
+def uses_shared_memory(spec: TrainSpec) -> bool:
+    """Whether the spec's DeepSpeed engine all-reduces its gradients over every rank, the only
+    reduction the wrapper takes: ZeRO stages 0-2 without the pipeline engine."""
+    return spec.zero.stage <= 2 and spec.pipeline.stages == 1
+
+
+class SharedMemoryComm:
+    """DeepSpeed's communication backend with `all_reduce` over shared memory where it can;
+    every other attribute is the wrapped backend's."""
+
+    def __init__(self, inner: Any, transport: SharedMemoryAllreduce) -> None:
+        self.inner = inner
+        self.transport = transport
+
+    def all_reduce(
+        self,
+        tensor: torch.Tensor,
+        op: Any = ReduceOp.SUM,
+        group: Any = None,
+        async_op: bool = False,
+    ) -> Any:
+        if async_op or not _is_sum(op) or not self._every_rank(group) or tensor.is_cuda:
+            return self.inner.all_reduce(tensor, op, group, async_op)
+        self.transport.sum_(tensor)
+        return None  # what a synchronous torch.distributed.all_reduce returns
+
+    def _every_rank(self, group: Any) -> bool:
+        return group is None or dist.get_world_size(group) == self.transport.world_size
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def _is_sum(op: Any) -> bool:
+    return op is ReduceOp.SUM or (isinstance(op, dist.ReduceOp) and op == dist.ReduceOp.SUM)
+
+
+def install(transport: SharedMemoryAllreduce) -> None:
+    """Put the wrapper in front of DeepSpeed's backend; after `deepspeed.init_distributed`."""
+    deepspeed_comm.cdb = SharedMemoryComm(deepspeed_comm.cdb, transport)
+
+
+def uninstall() -> None:
+    """Give DeepSpeed its own backend back (at shutdown, before it destroys its groups)."""
+    if isinstance(deepspeed_comm.cdb, SharedMemoryComm):
+        deepspeed_comm.cdb = deepspeed_comm.cdb.inner
