@@ -6,7 +6,7 @@ toolkit/backends/deepspeed/backend.py, so a toolkit rank cannot time it): the ev
 route below the physical floor's gap (docs/bench/findings.md). `deepspeed.comm.
 inference_all_reduce` on the CPU accelerator sums through a shared-memory segment of the
 ranks of one host (the shm_comm op that scripts/setup.sh builds); `all_reduce` goes through
-torch.distributed's Gloo over loopback TCP; the toolkit's `SharedMemoryAllreduce.sum_` through
+torch.distributed's Gloo over loopback TCP; the toolkit's `SharedMemoryCollectives.sum_` through
 its own segment. Rank 0 prints one JSON line: per size, the median
 of 10 timed calls (after 3 untimed) in ms and the algorithm bandwidth in GB/s, and whether
 both sums were right.
@@ -27,7 +27,7 @@ import deepspeed
 import deepspeed.comm as dist
 import torch
 
-from toolkit.backends.shared_memory import SharedMemoryAllreduce
+from toolkit.backends.shared_memory import SharedMemoryCollectives
 from toolkit.launch.shm_leftovers import DEEPSPEED_BUFFERS, mapped_files
 
 SIZES_BYTES = (8, 4 << 10, 1 << 20, 4 << 20, 25 << 20, 64 << 20)
@@ -50,7 +50,7 @@ def main() -> None:
     torch.set_num_threads(1)
     deepspeed.init_distributed(dist_backend="gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    toolkit_shm = SharedMemoryAllreduce(
+    toolkit_shm = SharedMemoryCollectives(
         rank=rank, world_size=world, timeout_s=60, field="ddp.allreduce"
     )
     paths: dict[str, Callable[[torch.Tensor], object]] = {

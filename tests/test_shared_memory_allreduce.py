@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 
 from toolkit.backends import shared_memory
 from toolkit.backends.ddp.comm_hook import comm_hook
-from toolkit.backends.shared_memory import SEGMENT_PREFIX, SharedMemoryAllreduce, resolve
+from toolkit.backends.shared_memory import SEGMENT_PREFIX, SharedMemoryCollectives, resolve
 from toolkit.errors import ToolkitError
 from toolkit.ports import free_port
 from toolkit.shm_layout import SLOT_BYTES
@@ -110,7 +110,7 @@ DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 
 def _compare_with_gloo(rank: int, world: int, port: int, results: Path) -> None:
     _join(rank, world, port)
-    transport = SharedMemoryAllreduce(rank=rank, world_size=world, timeout_s=60, field=FIELD)
+    transport = SharedMemoryCollectives(rank=rank, world_size=world, timeout_s=60, field=FIELD)
     lines = []
     for dtype in DTYPES:
         for size in SIZES:
@@ -152,9 +152,38 @@ def test_sums_match_gloo_and_every_rank_reads_the_same(world: int, tmp_path: Pat
     assert _segments() == before, "a segment was left in /dev/shm"
 
 
+def _gather_like_gloo(rank: int, world: int, port: int, results: Path) -> None:
+    _join(rank, world, port)
+    transport = SharedMemoryCollectives(rank=rank, world_size=world, timeout_s=60, field=FIELD)
+    lines = []
+    for dtype in DTYPES:
+        for size in SIZES:
+            generator = torch.Generator().manual_seed(1000 * rank + size)
+            mine = torch.randn(size, generator=generator, dtype=torch.float64).to(dtype)
+            reference = torch.empty(world * size, dtype=dtype)
+            dist.all_gather_into_tensor(reference, mine)
+            ours = torch.full((world * size,), float("nan"), dtype=dtype)
+            transport.all_gather_into_(ours, mine)
+            lines.append(f"{dtype} {size} {torch.equal(ours, reference)}")
+    (results / f"rank{rank}.txt").write_text("\n".join(lines))
+    dist.destroy_process_group()
+
+
+@pytest.mark.multiproc
+@pytest.mark.skipif(not ON_X86_64, reason="the shared-memory transport runs on x86-64 only")
+@pytest.mark.parametrize("world", [2, 3])
+def test_all_gathers_are_the_bits_gloo_gathers(world: int, tmp_path: Path) -> None:
+    mp.spawn(_gather_like_gloo, args=(world, free_port(), tmp_path), nprocs=world)
+    for rank in range(world):
+        rows = [line.split() for line in (tmp_path / f"rank{rank}.txt").read_text().splitlines()]
+        assert len(rows) == len(SIZES) * len(DTYPES)
+        for dtype, size, bitwise in rows:
+            assert bitwise == "True", f"not Gloo's gather: {dtype} x {size} on rank {rank}"
+
+
 def _wait_for_absent_peer(rank: int, port: int, results: Path) -> None:
     _join(rank, 2, port)
-    transport = SharedMemoryAllreduce(rank=rank, world_size=2, timeout_s=3, field=FIELD)
+    transport = SharedMemoryCollectives(rank=rank, world_size=2, timeout_s=3, field=FIELD)
     if rank == 0:
         start = time.monotonic()
         try:
@@ -191,7 +220,7 @@ def _map_from_another_host(rank: int, port: int, results: Path) -> None:
 
         shared_memory.open = elsewhere  # type: ignore[attr-defined]
     try:
-        SharedMemoryAllreduce(rank=rank, world_size=2, timeout_s=10, field=FIELD)
+        SharedMemoryCollectives(rank=rank, world_size=2, timeout_s=10, field=FIELD)
     except ToolkitError as error:
         (results / f"rank{rank}.txt").write_text(str(error))
     dist.destroy_process_group()
@@ -211,7 +240,7 @@ def test_a_rank_that_cannot_see_the_segment_fails_every_rank_clearly(tmp_path: P
 
 def _sums_of_any_tensor(rank: int, port: int, results: Path) -> None:
     _join(rank, 2, port)
-    transport = SharedMemoryAllreduce(rank=rank, world_size=2, timeout_s=30, field=FIELD)
+    transport = SharedMemoryCollectives(rank=rank, world_size=2, timeout_s=30, field=FIELD)
     counts = torch.arange(6, dtype=torch.int64).reshape(2, 3) * (rank + 1)
     transport.sum_(counts)
     columns = torch.arange(12, dtype=torch.float32).reshape(3, 4).t() * (rank + 1)  # strided

@@ -11,7 +11,8 @@ SLOT_BYTES = 4 << 20
 (Docker's default /dev/shm). 256 KiB to 16 MiB chunks stepped within 1 ms of each other here."""
 FLAG_STRIDE = 8
 """int64 words per rank: one 64-byte cache line each, so ranks do not share a line. Word 0 is
-the rank's barrier count, word 1 the bytes of the chunk it wrote."""
+the rank's barrier count, words 1 and 2 the bytes of the chunk it last wrote into slot set 0
+and 1."""
 
 
 def flag_bytes(world_size: int) -> int:

@@ -1,7 +1,8 @@
-"""A sum across ranks through shared memory, for ranks that share one host: DDP's gradient
-buckets (a DDP comm hook, `ddp.allreduce`), DeepSpeed's gradient all-reduces at ZeRO stages 0-2
-(its communication backend's `all_reduce`, `deepspeed.allreduce`; toolkit.backends.deepspeed.
-shared_memory_comm), and `run.allreduce` under either.
+"""Sums and all-gathers across ranks through shared memory, for ranks that share one host: DDP's
+gradient buckets (a DDP comm hook, `ddp.allreduce`), DeepSpeed's gradient all-reduces and
+weight all-gathers at ZeRO stages 0-2 (its communication backend's `all_reduce` and
+`all_gather_into_tensor`, `deepspeed.allreduce`; toolkit.backends.deepspeed.shared_memory_comm),
+and `run.allreduce` under either.
 
 Why: torch's Gloo moves a 25 MB bucket between two processes of one host at about 1 GB/s over
 loopback TCP (20.8 ms; docs/bench/allreduce.json), and DDP's step was 1.69x the physical floor of
@@ -24,9 +25,13 @@ Every rank reads the same sums, so the replicas stay bitwise equal. With 2 ranks
 Gloo's to the bit (a/2 + b/2 in either order); with more, the order of the additions differs from
 Gloo's ring, which changes the rounding only.
 
+An all-gather writes each rank's chunk into its slot, passes one barrier, and every rank copies
+every slot out: copies only, so every bit is the sender's.
+
 Consecutive chunks alternate between the two slot sets. A rank that writes chunk g+1 cannot
 overwrite sums a slower peer is still copying from chunk g; writing into chunk g's set again
-(at chunk g+2) needs chunk g+1's first barrier, which that peer reaches only after its copy.
+(at chunk g+2) needs chunk g+1's first barrier, which that peer reaches only after its copy,
+whichever collective each chunk belongs to.
 
 The barrier is a generation counter per rank, on its own cache line: a rank stores its count,
 then waits until every count has reached it. Stores and loads are ordinary ones, which is
@@ -120,7 +125,7 @@ def _obstacle(*, world_size: int, local_world_size: int) -> str | None:
     return None
 
 
-class SharedMemoryAllreduce:
+class SharedMemoryCollectives:
     """The segment and the per-chunk protocol of one job's ranks. Create it on every rank at
     the same point: the constructor is collective over the default process group. `field` is
     the spec setting that chose it, named in its errors."""
@@ -150,6 +155,35 @@ class SharedMemoryAllreduce:
         """Replace a tensor with its sum over the ranks (run.allreduce's transport)."""
         return self._reduce_(tensor, divide_by=1)
 
+    def all_gather_into_(self, output: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
+        """Fill `output` with every rank's `part` in rank order (torch's all_gather_into_tensor;
+        ZeRO-1/2 gather their updated weights so). Copies only: every bit is the sender's. One
+        barrier a chunk is enough: a rank writes a slot set again only after the next chunk's
+        barrier, which each peer reaches only once it has read this one."""
+        flat = part.contiguous().view(-1)
+        gathered = output.view(self.world_size, flat.numel())
+        per_slot = SLOT_BYTES // flat.element_size()
+        for start in range(0, flat.numel(), per_slot):
+            piece = flat[start : start + per_slot]
+            slots = self._write_chunk(piece)
+            gathered[:, start : start + piece.numel()].copy_(slots)
+        return output
+
+    def _write_chunk(self, piece: torch.Tensor, divide_by: int = 1) -> torch.Tensor:
+        """Write this rank's piece of a chunk into its slot of the chunk's set, wait for every
+        rank's, and return the set's slots holding them."""
+        count, slot_set = piece.numel(), self.chunk % 2
+        slots = self.slots[slot_set].view(piece.dtype)[:, :count]
+        self.chunk += 1
+        if divide_by == 1:
+            slots[self.rank].copy_(piece)
+        else:
+            torch.div(piece, divide_by, out=slots[self.rank])
+        self.flags[FLAG_STRIDE * self.rank + 1 + slot_set] = count * piece.element_size()
+        self._barrier()
+        self._check_same_bytes(slot_set)
+        return slots
+
     def _reduce_(self, tensor: torch.Tensor, *, divide_by: int) -> torch.Tensor:
         flat = tensor.contiguous().view(-1)
         per_slot = SLOT_BYTES // flat.element_size()
@@ -160,16 +194,8 @@ class SharedMemoryAllreduce:
         return tensor
 
     def _reduce_chunk_(self, part: torch.Tensor, divide_by: int) -> None:
+        slots = self._write_chunk(part, divide_by)
         count = part.numel()
-        slots = self.slots[self.chunk % 2].view(part.dtype)[:, :count]
-        self.chunk += 1
-        if divide_by == 1:
-            slots[self.rank].copy_(part)
-        else:
-            torch.div(part, divide_by, out=slots[self.rank])
-        self.flags[FLAG_STRIDE * self.rank + 1] = count * part.element_size()
-        self._barrier()
-        self._check_same_bytes()
         low = self.rank * count // self.world_size
         high = (self.rank + 1) * count // self.world_size
         total = slots[0, low:high]
@@ -193,14 +219,16 @@ class SharedMemoryAllreduce:
             time.sleep(pause)
             pause = min(2 * pause, LONGEST_PAUSE_SECONDS)
 
-    def _check_same_bytes(self) -> None:
+    def _check_same_bytes(self, slot_set: int) -> None:
         """Gloo refuses tensors of different sizes on different ranks; so does this, instead
-        of summing mismatched ranges."""
-        written = self.flags[1::FLAG_STRIDE]
+        of summing mismatched ranges. Each slot set has its own byte counts: after an
+        all-gather's one barrier a fast rank may write the next chunk's before a slow one has
+        read this one's."""
+        written = self.flags[1 + slot_set :: FLAG_STRIDE]
         if (written != written[self.rank]).any():
             raise ToolkitError(
                 f"{self.field} (shared memory): the ranks passed tensors of different sizes "
-                f"(bytes of this chunk by rank: {written.tolist()}); every rank must reduce a "
+                f"(bytes of this chunk by rank: {written.tolist()}); every rank must pass a "
                 "tensor of the same shape and dtype"
             )
 

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.optim.lr_scheduler import LambdaLR
 
 from toolkit.backends.base import refuse_missing_script_optimizer
-from toolkit.backends.shared_memory import SharedMemoryAllreduce
+from toolkit.backends.shared_memory import SharedMemoryCollectives
 from toolkit.cores import threads_in_rank
 from toolkit.engines import MPI_ENVIRONMENTS
 from toolkit.errors import ToolkitError
@@ -218,7 +218,7 @@ class TorchCollectives:
     """allreduce, broadcast and barrier over torch.distributed, for backends built on it."""
 
     env: LaunchEnvironment
-    shm_allreduce: SharedMemoryAllreduce | None = None
+    shm_allreduce: SharedMemoryCollectives | None = None
     """Set by a backend whose job sums through shared memory (toolkit.backends.shared_memory);
     `run.allreduce` goes that way too from then on."""
 

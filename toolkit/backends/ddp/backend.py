@@ -64,7 +64,7 @@ class DDPBackend(common.TorchCollectives, TorchData, Backend):
             local_world_size=self.env.local_world_size,
         )
         if transport == "shared_memory":
-            self.shm_allreduce = shared_memory.SharedMemoryAllreduce(
+            self.shm_allreduce = shared_memory.SharedMemoryCollectives(
                 rank=self.env.rank,
                 world_size=self.env.world_size,
                 timeout_s=self.spec.timeouts.collective_s,

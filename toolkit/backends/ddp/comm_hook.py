@@ -6,11 +6,11 @@
 import torch
 import torch.distributed as dist
 
-from toolkit.backends.shared_memory import SharedMemoryAllreduce
+from toolkit.backends.shared_memory import SharedMemoryCollectives
 
 
 def comm_hook(
-    state: SharedMemoryAllreduce, bucket: dist.GradBucket
+    state: SharedMemoryCollectives, bucket: dist.GradBucket
 ) -> torch.futures.Future[torch.Tensor]:
     """DDP's comm hook signature: average one bucket, already done when it returns. DDP calls
     it from the backward pass, for the same buckets in the same order on every rank."""

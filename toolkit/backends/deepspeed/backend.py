@@ -22,6 +22,10 @@ Findings:
   hung in torch's FileBaton.wait after an earlier job was SIGKILLed mid-build). The backend marks
   the op incompatible in `deepspeed.ops.__compatible_ops__`, so DeepSpeed skips it; `toolkit
   doctor` reports stale locks of the ops training does build (cpu_adam for offload).
+- DeepSpeed has no setting for the transport of its gradient all-reduces; on one host ZeRO-0/1/2
+  sum them through the toolkit's shared memory by wrapping DeepSpeed's communication backend
+  (`deepspeed.allreduce`, toolkit.backends.deepspeed.shared_memory_comm), the same bits as Gloo
+  with 2 ranks.
 - Runs sometimes aborted at exit ("terminate called without an active exception") while
   DeepSpeed still held its process groups; see `torch_common.release_process_groups`.
 - The pipeline engine registers each layer under its global index, so a stage's state-dict keys
@@ -107,7 +111,7 @@ class DeepSpeedBackend(common.TorchCollectives, TorchData, Backend):
             local_world_size=self.env.local_world_size,
         )
         if transport == "shared_memory":
-            self.shm_allreduce = shared_memory.SharedMemoryAllreduce(
+            self.shm_allreduce = shared_memory.SharedMemoryCollectives(
                 rank=self.env.rank,
                 world_size=self.env.world_size,
                 timeout_s=self.spec.timeouts.collective_s,
