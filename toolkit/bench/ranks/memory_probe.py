@@ -153,10 +153,10 @@ COLLECTIVES: dict[str, tuple[str, ...]] = {
         "all_gather_into_tensor",
         "reduce",
     ),
-    "deepspeed.comm": ("reduce_scatter_fn", "allgather_fn"),
+    "deepspeed.comm": ("reduce_scatter_fn", "allgather_fn", "all_reduce", "all_gather_into_tensor"),
 }
 """Module -> the collectives `StepReadings` reads memory before; each takes the tensor first
-(DeepSpeed's two, the output)."""
+(DeepSpeed's gathers and reduce-scatter, the output)."""
 
 
 class StepReadings:
@@ -165,10 +165,13 @@ class StepReadings:
     torch one) and as every collective of 1 MiB or more begins, where an engine's transient
     buffers live (ZeRO-0's flattened gradients, the full gradients ZeRO-1/2 reduce into their
     partition and then free, the gradients of the layer ZeRO-3 has gathered). The collectives
-    are torch.distributed's, and DeepSpeed's `reduce_scatter_fn` and `allgather_fn`, through
+    are torch.distributed's, DeepSpeed's `reduce_scatter_fn` and `allgather_fn`, through
     which ZeRO-3 goes (its `all_gather_function` was bound to torch's when DeepSpeed started,
-    out of reach of a wrapper on torch.distributed). Horovod's and the DDP shared-memory
-    path's reductions are neither; their buffers persist, so the step's reading sees them."""
+    out of reach of a wrapper on torch.distributed), and DeepSpeed's `all_reduce` and
+    `all_gather_into_tensor`, which ZeRO-0/1/2 call and which reach shared memory, not
+    torch.distributed, on one host (toolkit.backends.deepspeed.shared_memory_comm). Horovod's
+    and DDP's shared-memory reductions are none of these; their buffers persist, so the
+    step's reading sees them."""
 
     def __init__(self) -> None:
         self.highest = 0
