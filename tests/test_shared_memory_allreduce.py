@@ -108,14 +108,19 @@ SIZES = (1, 7, SLOT_BYTES // 4 - 1, SLOT_BYTES // 4 + 13, 3 * SLOT_BYTES // 4 + 
 DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 
 
+def _values(rank: int, size: int, dtype: torch.dtype) -> torch.Tensor:
+    """Each rank's own values of one case."""
+    generator = torch.Generator().manual_seed(1000 * rank + size)
+    return torch.randn(size, generator=generator, dtype=torch.float64).to(dtype)
+
+
 def _compare_with_gloo(rank: int, world: int, port: int, results: Path) -> None:
     _join(rank, world, port)
     transport = SharedMemoryCollectives(rank=rank, world_size=world, timeout_s=60, field=FIELD)
     lines = []
     for dtype in DTYPES:
         for size in SIZES:
-            generator = torch.Generator().manual_seed(1000 * rank + size)
-            mine = torch.randn(size, generator=generator, dtype=torch.float64).to(dtype)
+            mine = _values(rank, size, dtype)
             reference = mine / world  # DDP's own hook: divide, then sum through Gloo
             dist.all_reduce(reference)
             ours = transport.mean_(mine.clone())
@@ -126,7 +131,13 @@ def _compare_with_gloo(rank: int, world: int, port: int, results: Path) -> None:
             # Another order of additions: a few roundings of values of order 1 apart
             eps = torch.finfo(dtype).eps
             close = torch.allclose(ours.double(), reference.double(), rtol=8 * eps, atol=8 * eps)
-            lines.append(f"{dtype} {size} {same_on_every_rank} {bitwise} {close}")
+            # ZeRO-1/2's weight gather: copies, so Gloo's bits for any number of ranks
+            gloo_gather = torch.empty(world * size, dtype=dtype)
+            dist.all_gather_into_tensor(gloo_gather, mine)
+            our_gather = torch.full((world * size,), float("nan"), dtype=dtype)
+            transport.all_gather_into_(our_gather, mine)
+            gathers = torch.equal(our_gather, gloo_gather)
+            lines.append(f"{dtype} {size} {same_on_every_rank} {bitwise} {close} {gathers}")
     (results / f"rank{rank}.txt").write_text("\n".join(lines))
     dist.destroy_process_group()
 
@@ -138,47 +149,21 @@ def _segments() -> set[str]:
 @pytest.mark.multiproc
 @pytest.mark.skipif(not ON_X86_64, reason="the shared-memory transport runs on x86-64 only")
 @pytest.mark.parametrize("world", [2, 3])
-def test_sums_match_gloo_and_every_rank_reads_the_same(world: int, tmp_path: Path) -> None:
+def test_sums_and_gathers_match_gloo_and_every_rank_reads_the_same(
+    world: int, tmp_path: Path
+) -> None:
     before = _segments()
     mp.spawn(_compare_with_gloo, args=(world, free_port(), tmp_path), nprocs=world)
     for rank in range(world):
         rows = [line.split() for line in (tmp_path / f"rank{rank}.txt").read_text().splitlines()]
         assert len(rows) == len(SIZES) * len(DTYPES)
-        for dtype, size, same, bitwise, close in rows:
+        for dtype, size, same, bitwise, close, gathers in rows:
+            assert gathers == "True", f"not Gloo's gather: {dtype} x {size}"
             assert same == "True", f"ranks disagree: {dtype} x {size}"
             assert close == "True", f"not Gloo's sum: {dtype} x {size}"
             # 2 ranks: a/2 + b/2 is the same in either order, so Gloo's bits exactly
             assert world != 2 or bitwise == "True", f"not Gloo's bits: {dtype} x {size}"
     assert _segments() == before, "a segment was left in /dev/shm"
-
-
-def _gather_like_gloo(rank: int, world: int, port: int, results: Path) -> None:
-    _join(rank, world, port)
-    transport = SharedMemoryCollectives(rank=rank, world_size=world, timeout_s=60, field=FIELD)
-    lines = []
-    for dtype in DTYPES:
-        for size in SIZES:
-            generator = torch.Generator().manual_seed(1000 * rank + size)
-            mine = torch.randn(size, generator=generator, dtype=torch.float64).to(dtype)
-            reference = torch.empty(world * size, dtype=dtype)
-            dist.all_gather_into_tensor(reference, mine)
-            ours = torch.full((world * size,), float("nan"), dtype=dtype)
-            transport.all_gather_into_(ours, mine)
-            lines.append(f"{dtype} {size} {torch.equal(ours, reference)}")
-    (results / f"rank{rank}.txt").write_text("\n".join(lines))
-    dist.destroy_process_group()
-
-
-@pytest.mark.multiproc
-@pytest.mark.skipif(not ON_X86_64, reason="the shared-memory transport runs on x86-64 only")
-@pytest.mark.parametrize("world", [2, 3])
-def test_all_gathers_are_the_bits_gloo_gathers(world: int, tmp_path: Path) -> None:
-    mp.spawn(_gather_like_gloo, args=(world, free_port(), tmp_path), nprocs=world)
-    for rank in range(world):
-        rows = [line.split() for line in (tmp_path / f"rank{rank}.txt").read_text().splitlines()]
-        assert len(rows) == len(SIZES) * len(DTYPES)
-        for dtype, size, bitwise in rows:
-            assert bitwise == "True", f"not Gloo's gather: {dtype} x {size} on rank {rank}"
 
 
 def _wait_for_absent_peer(rank: int, port: int, results: Path) -> None:

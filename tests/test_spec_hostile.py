@@ -46,6 +46,11 @@ REPRODUCERS: dict[str, tuple[str, str, str]] = {
     "np yes": ("s.yaml", "launch: {np: yes}\n", "launch.np"),
     "empty file": ("s.yaml", "", "spec"),
     "number as a variable name": ("s.yaml", "launch: {env: {1: x}}\n", "launch.env.1"),
+    "scalar over a blank line": (
+        "s.yaml",
+        "optimizer:\n  eps: 1.0e-08\n\n    0.001\n",
+        "optimizer.eps",
+    ),
 }
 
 

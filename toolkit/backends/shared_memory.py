@@ -65,6 +65,7 @@ import torch
 import torch.distributed as dist
 
 from toolkit.errors import ToolkitError
+from toolkit.launch.environment import LaunchEnvironment
 from toolkit.shm_layout import (
     FLAG_STRIDE,
     SHM_DIRECTORY,
@@ -105,6 +106,22 @@ def resolve(
             "gloo, auto (hint: auto picks shared memory wherever it can run)"
         )
     return "shared_memory"
+
+
+def open_if_chosen(
+    choice: AllreduceTransport, *, field: str, env: LaunchEnvironment, timeout_s: float
+) -> SharedMemoryCollectives | None:
+    """The job's shared-memory collectives where `choice` resolves to them (`resolve`), else
+    None: the engine's Gloo. Collective: every rank calls it at the same point."""
+    world_size, local_world_size = env.world_size, env.local_world_size
+    transport = resolve(
+        choice, field=field, world_size=world_size, local_world_size=local_world_size
+    )
+    if transport == "gloo":
+        return None
+    return SharedMemoryCollectives(
+        rank=env.rank, world_size=world_size, timeout_s=timeout_s, field=field
+    )
 
 
 def _obstacle(*, world_size: int, local_world_size: int) -> str | None:

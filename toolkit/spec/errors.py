@@ -124,7 +124,10 @@ class SpecIssue:
 
     def shown_value(self) -> str:
         if self.written is not None:
-            return cut(self.written)
+            # A plain YAML scalar over a blank line keeps a newline in its text (`1e-8`, blank
+            # line, `0.001`): shown escaped, like a path, so the line stays one line.
+            written = self.written if self.written.isprintable() else repr(self.written)
+            return cut(written)
         return show_value(self.value)
 
     def shown_path(self) -> str:

@@ -57,19 +57,13 @@ class DDPBackend(common.TorchCollectives, TorchData, Backend):
             bucket_cap_mb=self.spec.ddp.bucket_cap_mb,
             gradient_as_bucket_view=self.spec.ddp.gradient_as_bucket_view,
         )
-        transport = shared_memory.resolve(
+        self.shm_allreduce = shared_memory.open_if_chosen(
             self.spec.ddp.allreduce,
             field="ddp.allreduce",
-            world_size=self.env.world_size,
-            local_world_size=self.env.local_world_size,
+            env=self.env,
+            timeout_s=self.spec.timeouts.collective_s,
         )
-        if transport == "shared_memory":
-            self.shm_allreduce = shared_memory.SharedMemoryCollectives(
-                rank=self.env.rank,
-                world_size=self.env.world_size,
-                timeout_s=self.spec.timeouts.collective_s,
-                field="ddp.allreduce",
-            )
+        if self.shm_allreduce is not None:
             self.model.register_comm_hook(self.shm_allreduce, comm_hook)
         lr = self.spec.effective_lr(self.env.world_size)
         self.optimizer = optimizer or common.build_optimizer(self.model.parameters(), self.spec, lr)

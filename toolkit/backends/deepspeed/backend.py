@@ -100,23 +100,17 @@ class DeepSpeedBackend(common.TorchCollectives, TorchData, Backend):
         self._sum_through_shared_memory()
 
     def _sum_through_shared_memory(self) -> None:
-        """ZeRO-0/1/2's gradient all-reduces, and `run.allreduce`, through /dev/shm where
-        `deepspeed.allreduce` resolves so (shared_memory_comm)."""
+        """ZeRO-0/1/2's gradient all-reduces and weight gathers, and `run.allreduce`, through
+        /dev/shm where `deepspeed.allreduce` resolves so (shared_memory_comm)."""
         if not shared_memory_comm.uses_shared_memory(self.spec):
             return
-        transport = shared_memory.resolve(
+        self.shm_allreduce = shared_memory.open_if_chosen(
             self.spec.deepspeed.allreduce,
             field=shared_memory_comm.FIELD,
-            world_size=self.env.world_size,
-            local_world_size=self.env.local_world_size,
+            env=self.env,
+            timeout_s=self.spec.timeouts.collective_s,
         )
-        if transport == "shared_memory":
-            self.shm_allreduce = shared_memory.SharedMemoryCollectives(
-                rank=self.env.rank,
-                world_size=self.env.world_size,
-                timeout_s=self.spec.timeouts.collective_s,
-                field=shared_memory_comm.FIELD,
-            )
+        if self.shm_allreduce is not None:
             shared_memory_comm.install(self.shm_allreduce)
 
     def prepare(self, model: Any, optimizer: Any | None = None) -> Any:
