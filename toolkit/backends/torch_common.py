@@ -218,7 +218,7 @@ class TorchCollectives:
     """allreduce, broadcast and barrier over torch.distributed, for backends built on it."""
 
     env: LaunchEnvironment
-    shm_allreduce: SharedMemoryCollectives | None = None
+    shm_collectives: SharedMemoryCollectives | None = None
     """Set by a backend whose job sums through shared memory (toolkit.backends.shared_memory);
     `run.allreduce` goes that way too from then on."""
 
@@ -234,10 +234,10 @@ class TorchCollectives:
     def sum_across_ranks_(self, tensor: torch.Tensor) -> None:
         """Sum `tensor` over the ranks in place, through shared memory once the backend has set
         it up, else through the process group."""
-        if self.shm_allreduce is None:
+        if self.shm_collectives is None:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         else:
-            self.shm_allreduce.sum_(tensor)
+            self.shm_collectives.sum_(tensor)
 
     def broadcast(self, value: Any, root: int = 0) -> Any:
         tensor = to_tensor(value).clone()

@@ -200,7 +200,7 @@ def zero(
         device["gradients"] = w * p + (4.0 * p if half(spec) else 0.0)
         device["master"] = 4.0 * p / n if half(spec) else 0.0  # bf16/fp16 optimizer: partitioned
         device["optimizer"] = k * p / n if half(spec) else k * p
-        device["buffers"] = w * p + segment  # the flattened allreduce bucket
+        device["buffers"] = w * p + segment  # the flattened allreduce bucket, and the segment
         return Memory(device=device, activations=activations)
     fp32_grad_partition = 4.0 * p / n
     states = {"master": 4.0 * p / n, "optimizer": k * p / n}

@@ -57,14 +57,14 @@ class DDPBackend(common.TorchCollectives, TorchData, Backend):
             bucket_cap_mb=self.spec.ddp.bucket_cap_mb,
             gradient_as_bucket_view=self.spec.ddp.gradient_as_bucket_view,
         )
-        self.shm_allreduce = shared_memory.open_if_chosen(
+        self.shm_collectives = shared_memory.open_if_chosen(
             self.spec.ddp.allreduce,
             field="ddp.allreduce",
             env=self.env,
             timeout_s=self.spec.timeouts.collective_s,
         )
-        if self.shm_allreduce is not None:
-            self.model.register_comm_hook(self.shm_allreduce, comm_hook)
+        if self.shm_collectives is not None:
+            self.model.register_comm_hook(self.shm_collectives, comm_hook)
         lr = self.spec.effective_lr(self.env.world_size)
         self.optimizer = optimizer or common.build_optimizer(self.model.parameters(), self.spec, lr)
         self.scheduler = common.lr_scheduler(self.optimizer, self.spec)

@@ -22,10 +22,10 @@ Findings:
   hung in torch's FileBaton.wait after an earlier job was SIGKILLed mid-build). The backend marks
   the op incompatible in `deepspeed.ops.__compatible_ops__`, so DeepSpeed skips it; `toolkit
   doctor` reports stale locks of the ops training does build (cpu_adam for offload).
-- DeepSpeed has no setting for the transport of its gradient all-reduces; on one host ZeRO-0/1/2
-  sum them through the toolkit's shared memory by wrapping DeepSpeed's communication backend
-  (`deepspeed.allreduce`, toolkit.backends.deepspeed.shared_memory_comm), the same bits as Gloo
-  with 2 ranks.
+- DeepSpeed has no setting for the transport of its gradient all-reduces and weight gathers; on
+  one host ZeRO-0/1/2 run them through the toolkit's shared memory by wrapping DeepSpeed's
+  communication backend (`deepspeed.allreduce`, toolkit.backends.deepspeed.shared_memory_comm),
+  the same bits as Gloo with 2 ranks.
 - Runs sometimes aborted at exit ("terminate called without an active exception") while
   DeepSpeed still held its process groups; see `torch_common.release_process_groups`.
 - The pipeline engine registers each layer under its global index, so a stage's state-dict keys
@@ -97,21 +97,21 @@ class DeepSpeedBackend(common.TorchCollectives, TorchData, Backend):
             timeout=common.collective_timeout(self.spec),
             verbose=False,
         )
-        self._sum_through_shared_memory()
+        self._collectives_through_shared_memory()
 
-    def _sum_through_shared_memory(self) -> None:
+    def _collectives_through_shared_memory(self) -> None:
         """ZeRO-0/1/2's gradient all-reduces and weight gathers, and `run.allreduce`, through
         /dev/shm where `deepspeed.allreduce` resolves so (shared_memory_comm)."""
         if not shared_memory_comm.uses_shared_memory(self.spec):
             return
-        self.shm_allreduce = shared_memory.open_if_chosen(
+        self.shm_collectives = shared_memory.open_if_chosen(
             self.spec.deepspeed.allreduce,
             field=shared_memory_comm.FIELD,
             env=self.env,
             timeout_s=self.spec.timeouts.collective_s,
         )
-        if self.shm_allreduce is not None:
-            shared_memory_comm.install(self.shm_allreduce)
+        if self.shm_collectives is not None:
+            shared_memory_comm.install(self.shm_collectives)
 
     def prepare(self, model: Any, optimizer: Any | None = None) -> Any:
         module = common.require_module(model)
