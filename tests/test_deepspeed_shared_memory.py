@@ -1,4 +1,4 @@
-"""DeepSpeed's gradient all-reduces through the toolkit's shared memory
+"""DeepSpeed's gradient all-reduces and weight gathers through the toolkit's shared memory
 (toolkit/backends/deepspeed/shared_memory_comm.py), for real: 2 ranks under the deepspeed
 launcher train to the same bits as over Gloo, and a stopped rank is named by the shared-memory
 wait within `timeouts.collective_s`."""

@@ -125,8 +125,8 @@ def layout_name(layout: mem.ZeroLayout) -> str:
 
 def _deepspeed(s: Setting) -> list[PlanRow]:
     rows = []
-    # ZeRO-0/1/2 all-reduce their gradients through it (toolkit.backends.deepspeed.
-    # shared_memory_comm); ZeRO-3 reduce-scatters over Gloo.
+    # ZeRO-0/1/2 reduce their gradients and gather their weights through it (toolkit.backends.
+    # deepspeed.shared_memory_comm); ZeRO-3 reduce-scatters over Gloo.
     segment = (
         float(segment_bytes(s.ranks)) if _shared_memory(s, s.spec.deepspeed.allreduce) else 0.0
     )

@@ -65,10 +65,11 @@ class DeepSpeedSpec(Section):
     allreduce: AllreduceTransport = Field(
         default="auto",
         description="The toolkit's, not a ds_config key: how ZeRO stages 0-2 sum their "
-        "gradients across ranks. gloo: DeepSpeed's torch.distributed process group, over TCP. "
-        "shared_memory: through /dev/shm, for ranks on one x86-64 host (as ddp.allreduce; 2 "
-        "slots of 4 MiB per rank). auto: shared_memory wherever it can run, else gloo. ZeRO-3 "
-        "and the pipeline engine reduce through Gloo either way.",
+        "gradients (and ZeRO-1/2 gather their updated weights) across ranks. gloo: DeepSpeed's "
+        "torch.distributed process group, over TCP. shared_memory: through /dev/shm, for ranks "
+        "on one x86-64 host (as ddp.allreduce; 2 slots of 4 MiB per rank). auto: shared_memory "
+        "wherever it can run, else gloo. ZeRO-3 and the pipeline engine reduce through Gloo "
+        "either way.",
     )
 
 
@@ -102,7 +103,8 @@ def allreduce_issues(
     section: DeepSpeedSpec, backend: str, *, zero_stage: int, pipeline_stages: int
 ) -> Iterator[SpecIssue]:
     """`deepspeed.allreduce` written where it would be ignored: the transport is DeepSpeed's,
-    of the gradient all-reduces of ZeRO stages 0-2 without the pipeline engine."""
+    of the gradient all-reduces and weight gathers of ZeRO stages 0-2 without the pipeline
+    engine."""
     if section.allreduce == "auto":
         return
     if not engines.engine(backend).deepspeed_settings:
