@@ -15,6 +15,7 @@ from toolkit.plan import memory as mem
 from toolkit.plan.model_facts import ModelFacts
 from toolkit.shm_layout import segment_bytes
 from toolkit.spec import TrainSpec
+from toolkit.spec.deepspeed_section import all_reduces_over_every_rank
 from toolkit.spec.fields import AllreduceTransport
 from toolkit.units import MIB
 
@@ -131,6 +132,7 @@ def _deepspeed(s: Setting) -> list[PlanRow]:
         float(segment_bytes(s.ranks)) if _shared_memory(s, s.spec.deepspeed.allreduce) else 0.0
     )
     for layout in ZERO_LAYOUTS:
+        layout_segment = segment if all_reduces_over_every_rank(layout.stage, 1) else 0.0
         memory = mem.zero(
             s.spec,
             layout,
@@ -139,7 +141,7 @@ def _deepspeed(s: Setting) -> list[PlanRow]:
             ranks=s.ranks,
             activations=s.activations(),
             first_layer=s.facts.first_layer,
-            segment=segment if layout.stage <= 2 else 0.0,
+            segment=layout_segment,
         )
         sent = comm.zero_bytes(
             s.spec,
@@ -149,7 +151,7 @@ def _deepspeed(s: Setting) -> list[PlanRow]:
             micro_batches=s.micro_batches,
         )
         notes = []
-        if segment and layout.stage <= 2:
+        if layout_segment:
             notes.append("buffers: the shared-memory segment")
         if not s.facts.largest_layer_known and layout.stage == 3:
             notes.append("largest layer = model")

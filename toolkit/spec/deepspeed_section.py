@@ -99,8 +99,16 @@ def deepspeed_issues(section: DeepSpeedSpec, backend: str, precision: str) -> It
             yield _issue(key, value, f"{where} uses the precision's dtype ({precision})")
 
 
+def all_reduces_over_every_rank(zero_stage: int, pipeline_stages: int) -> bool:
+    """Whether DeepSpeed sums gradients with all-reduces (and, at ZeRO-1/2, gathers weights)
+    over every rank, the collectives `deepspeed.allreduce` chooses the transport of: ZeRO
+    stages 0-2 without the pipeline engine. ZeRO-3 reduce-scatters; the pipeline engine reduces
+    over groups of some ranks."""
+    return zero_stage <= 2 and pipeline_stages == 1
+
+
 def allreduce_issues(
-    section: DeepSpeedSpec, backend: str, *, zero_stage: int, pipeline_stages: int
+    section: DeepSpeedSpec, backend: str, zero_stage: int, pipeline_stages: int
 ) -> Iterator[SpecIssue]:
     """`deepspeed.allreduce` written where it would be ignored: the transport is DeepSpeed's,
     of the gradient all-reduces and weight gathers of ZeRO stages 0-2 without the pipeline
@@ -114,7 +122,9 @@ def allreduce_issues(
             allowed=f"the DeepSpeed engine's transport; backend {backend} does not read it",
             hint="remove deepspeed.allreduce (ddp.allreduce is DDP's)",
         )
-    elif section.allreduce == "shared_memory" and (zero_stage > 2 or pipeline_stages > 1):
+    elif section.allreduce == "shared_memory" and not all_reduces_over_every_rank(
+        zero_stage, pipeline_stages
+    ):
         where = f"zero.stage {zero_stage}" if zero_stage > 2 else "the pipeline engine"
         yield SpecIssue(
             path="deepspeed.allreduce",

@@ -164,17 +164,12 @@ class TrainSpec(Section):
     @field_validator("deepspeed")
     @classmethod
     def _deepspeed_settings(cls, section: DeepSpeedSpec, info: ValidationInfo) -> Any:
+        data = info.data
         if _have(info, "backend", "precision"):
-            data = info.data
             _raise(deepspeed_issues(section, data["backend"], data["precision"]))
         if _have(info, "backend", "zero", "pipeline"):
-            data = info.data
-            stages = data["pipeline"].stages
-            _raise(
-                allreduce_issues(
-                    section, data["backend"], zero_stage=data["zero"].stage, pipeline_stages=stages
-                )
-            )
+            zero, pipeline = data["zero"], data["pipeline"]
+            _raise(allreduce_issues(section, data["backend"], zero.stage, pipeline.stages))
         return section
 
     @field_validator("zero")

@@ -64,6 +64,7 @@ from toolkit.backends.torch_data import TorchData
 from toolkit.checkpoint import CheckpointState
 from toolkit.errors import ToolkitError
 from toolkit.render.deepspeed import deepspeed_config
+from toolkit.spec.deepspeed_section import all_reduces_over_every_rank
 
 # The builder name deepspeed.comm.torch.build_shm_op looks up in ops.__compatible_ops__.
 SHM_COMM_OP = "deepspeed_shm_comm"
@@ -102,7 +103,7 @@ class DeepSpeedBackend(common.TorchCollectives, TorchData, Backend):
     def _collectives_through_shared_memory(self) -> None:
         """ZeRO-0/1/2's gradient all-reduces and weight gathers, and `run.allreduce`, through
         /dev/shm where `deepspeed.allreduce` resolves so (shared_memory_comm)."""
-        if not shared_memory_comm.uses_shared_memory(self.spec):
+        if not all_reduces_over_every_rank(self.spec.zero.stage, self.spec.pipeline.stages):
             return
         self.shm_collectives = shared_memory.open_if_chosen(
             self.spec.deepspeed.allreduce,

@@ -13,7 +13,8 @@ partition into the full flat weights (`all_gather_into_tensor_dp_groups` in runt
 shared-memory op serves `inference_all_reduce` only, never training), so the toolkit wraps `cdb`:
 a synchronous SUM all-reduce or all-gather over a group of every rank goes through shared memory,
 anything else to DeepSpeed's own backend unchanged. ZeRO-3 reduces with reduce_scatter and the
-pipeline engine over groups of some ranks; neither is wrapped (`uses_shared_memory`).
+pipeline engine over groups of some ranks; neither is wrapped
+(`toolkit.spec.deepspeed_section.all_reduces_over_every_rank`).
 
 Bits: the sum of 2 ranks is a + b through either transport and a gather copies, so the weights are
 Gloo's to the bit (the parity cases hold them to DDP's); with more ranks the order of the
@@ -30,15 +31,8 @@ from deepspeed.comm import comm as deepspeed_comm
 from deepspeed.comm.reduce_op import ReduceOp
 
 from toolkit.backends.shared_memory import SharedMemoryCollectives
-from toolkit.spec import TrainSpec
 
 FIELD = "deepspeed.allreduce"
-
-
-def uses_shared_memory(spec: TrainSpec) -> bool:
-    """Whether the spec's DeepSpeed engine all-reduces its gradients over every rank, the only
-    reduction the wrapper takes: ZeRO stages 0-2 without the pipeline engine."""
-    return spec.zero.stage <= 2 and spec.pipeline.stages == 1
 
 
 class SharedMemoryComm:
