@@ -1,6 +1,7 @@
-"""DeepSpeed's gradient all-reduces and weight gathers through the toolkit's shared memory
+"""DeepSpeed's gradient reductions and weight gathers through the toolkit's shared memory
 (toolkit/backends/deepspeed/shared_memory_comm.py), for real: 2 ranks under the deepspeed
-launcher train to the same bits as over Gloo, and a stopped rank is named by the shared-memory
+launcher train to the same bits as over Gloo at ZeRO stages 0, 2 and 3 (all-reduces; all-reduces
+and gathers; asynchronous gathers and reduce-scatters), and a stopped rank is named by the shared-memory
 wait within `timeouts.collective_s`."""
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def train(spec: dict[str, Any], path: Path) -> dict[int, str]:
 
 
 @pytest.mark.skipif(not ON_X86_64, reason="the shared-memory transport runs on x86-64 only")
-@pytest.mark.parametrize("stage", [0, 2])
+@pytest.mark.parametrize("stage", [0, 2, 3])
 def test_zero_sums_through_shared_memory_to_the_bits_of_gloo(stage: int, tmp_path: Path) -> None:
     """Both transports add a + b for 2 ranks: every weight is the same, not just close."""
     through_gloo = train(zero_spec(stage, deepspeed={"allreduce": "gloo"}), tmp_path / "g.yaml")
@@ -57,10 +58,10 @@ def test_zero_sums_through_shared_memory_to_the_bits_of_gloo(stage: int, tmp_pat
 
 
 @pytest.mark.skipif(not ON_X86_64, reason="the shared-memory transport runs on x86-64 only")
-@pytest.mark.parametrize("stage", [0, 2])
+@pytest.mark.parametrize("stage", [0, 2, 3])
 def test_a_stopped_rank_is_named_by_the_shared_memory_wait(stage: int, tmp_path: Path) -> None:
-    """The heartbeat is set far off, so what ends the job is rank 0's wait in the gradient
-    all-reduce: that it names rank 1 shows the gradients go through shared memory."""
+    """The heartbeat is set far off, so what ends the job is rank 0's wait in a gradient
+    reduction or weight gather: that it names rank 1 shows they go through shared memory."""
     spec = zero_spec(
         stage,
         deepspeed={"allreduce": "shared_memory"},

@@ -1,7 +1,7 @@
-"""The shared-memory allreduce (toolkit/backends/shared_memory.py) of DDP and DeepSpeed: which
-transport a job gets, and the sums themselves in real processes against Gloo's, chunk boundaries
-and dtypes included; a peer that never arrives is a named error within the timeout; /dev/shm is
-left as it was found."""
+"""The shared-memory collectives (toolkit/backends/shared_memory.py) of DDP and DeepSpeed: which
+transport a job gets, and the sums, gathers and reduce-scatters themselves in real processes
+against Gloo's, chunk boundaries and dtypes included; a peer that never arrives is a named error
+within the timeout; /dev/shm is left as it was found."""
 
 from __future__ import annotations
 
@@ -137,9 +137,34 @@ def _compare_with_gloo(rank: int, world: int, port: int, results: Path) -> None:
             our_gather = torch.full((world * size,), float("nan"), dtype=dtype)
             transport.all_gather_into_(our_gather, mine)
             gathers = torch.equal(our_gather, gloo_gather)
-            lines.append(f"{dtype} {size} {same_on_every_rank} {bitwise} {close} {gathers}")
+            scatters = _reduce_scatters_as_gloo(transport, rank, world, size, dtype)
+            lines.append(
+                f"{dtype} {size} {same_on_every_rank} {bitwise} {close} {gathers} {scatters}"
+            )
     (results / f"rank{rank}.txt").write_text("\n".join(lines))
     dist.destroy_process_group()
+
+
+def _reduce_scatters_as_gloo(
+    transport: SharedMemoryCollectives, rank: int, world: int, size: int, dtype: torch.dtype
+) -> str:
+    """ZeRO-3's gradient reduce-scatter, into a fresh tensor and, as DeepSpeed calls it, into
+    this rank's share of the input itself: `bits` (Gloo's exactly), `close` (another order of
+    additions), or what went wrong."""
+    whole = _values(rank, world * size, dtype)
+    reference = torch.empty(size, dtype=dtype)
+    dist.reduce_scatter_tensor(reference, whole.clone())
+    ours = torch.full((size,), float("nan"), dtype=dtype)
+    transport.reduce_scatter_into_(ours, whole)
+    in_place = whole.clone()
+    transport.reduce_scatter_into_(in_place.view(world, size)[rank], in_place)
+    if not torch.equal(in_place.view(world, size)[rank], ours):
+        return "in-place-differs"
+    if torch.equal(ours, reference):
+        return "bits"
+    eps = torch.finfo(dtype).eps
+    close = torch.allclose(ours.double(), reference.double(), rtol=8 * eps, atol=8 * eps)
+    return "close" if close else "differs"
 
 
 def _segments() -> set[str]:
@@ -149,7 +174,7 @@ def _segments() -> set[str]:
 @pytest.mark.multiproc
 @pytest.mark.skipif(not ON_X86_64, reason="the shared-memory transport runs on x86-64 only")
 @pytest.mark.parametrize("world", [2, 3])
-def test_sums_and_gathers_match_gloo_and_every_rank_reads_the_same(
+def test_sums_gathers_and_scatters_match_gloo_and_every_rank_reads_the_same(
     world: int, tmp_path: Path
 ) -> None:
     before = _segments()
@@ -157,8 +182,10 @@ def test_sums_and_gathers_match_gloo_and_every_rank_reads_the_same(
     for rank in range(world):
         rows = [line.split() for line in (tmp_path / f"rank{rank}.txt").read_text().splitlines()]
         assert len(rows) == len(SIZES) * len(DTYPES)
-        for dtype, size, same, bitwise, close, gathers in rows:
+        for dtype, size, same, bitwise, close, gathers, scatters in rows:
             assert gathers == "True", f"not Gloo's gather: {dtype} x {size}"
+            # ZeRO-3's reduce-scatter: Gloo's bits for 2 ranks, its sums to rounding for more
+            assert scatters == "bits" or (world > 2 and scatters == "close"), (dtype, size)
             assert same == "True", f"ranks disagree: {dtype} x {size}"
             assert close == "True", f"not Gloo's sum: {dtype} x {size}"
             # 2 ranks: a/2 + b/2 is the same in either order, so Gloo's bits exactly

@@ -329,14 +329,6 @@ def test_port_ranges_end_at_65535(data: dict[str, object], path: str) -> None:
         (
             {
                 "backend": "deepspeed",
-                "zero": {"stage": 3},
-                "deepspeed": {"allreduce": "shared_memory"},
-            },
-            "with zero.stage 3",
-        ),
-        (
-            {
-                "backend": "deepspeed",
                 "pipeline": {"stages": 2},
                 "deepspeed": {"allreduce": "shared_memory"},
             },
@@ -354,8 +346,8 @@ def test_deepspeed_allreduce_written_where_it_would_be_ignored_is_refused(
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
-def test_deepspeed_allreduce_auto_and_gloo_are_accepted_at_every_stage(stage: int) -> None:
-    for choice in ("auto", "gloo"):
+def test_deepspeed_allreduce_is_accepted_at_every_stage(stage: int) -> None:
+    for choice in ("auto", "gloo", "shared_memory"):
         data = {
             "backend": "deepspeed",
             "zero": {"stage": stage},

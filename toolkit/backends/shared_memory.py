@@ -1,8 +1,8 @@
-"""Sums and all-gathers across ranks through shared memory, for ranks that share one host: DDP's
-gradient buckets (a DDP comm hook, `ddp.allreduce`), DeepSpeed's gradient all-reduces and
-weight all-gathers at ZeRO stages 0-2 (its communication backend's `all_reduce` and
-`all_gather_into_tensor`, `deepspeed.allreduce`; toolkit.backends.deepspeed.shared_memory_comm),
-and `run.allreduce` under either.
+"""Sums, all-gathers and reduce-scatters across ranks through shared memory, for ranks that share
+one host: DDP's gradient buckets (a DDP comm hook, `ddp.allreduce`), DeepSpeed's gradient
+reductions and weight gathers at every ZeRO stage (its communication backend's `all_reduce`,
+`all_gather_into_tensor` and `reduce_scatter_tensor`, `deepspeed.allreduce`;
+toolkit.backends.deepspeed.shared_memory_comm), and `run.allreduce` under either.
 
 Why: torch's Gloo moves a 25 MB bucket between two processes of one host at about 1 GB/s over
 loopback TCP (20.8 ms; docs/bench/allreduce.json), and DDP's step was 1.69x the physical floor of
@@ -26,7 +26,9 @@ Gloo's to the bit (a/2 + b/2 in either order); with more, the order of the addit
 Gloo's ring, which changes the rounding only.
 
 An all-gather writes each rank's chunk into its slot, passes one barrier, and every rank copies
-every slot out: copies only, so every bit is the sender's.
+every slot out: copies only, so every bit is the sender's. A reduce-scatter writes the same range
+of every rank's share into its slot, passes one barrier, and each rank sums its own share's
+range over every slot, in slot order, into its output.
 
 Consecutive chunks alternate between the two slot sets. A rank that writes chunk g+1 cannot
 overwrite sums a slower peer is still copying from chunk g; writing into chunk g's set again
@@ -186,16 +188,37 @@ class SharedMemoryCollectives:
             gathered[:, start : start + piece.numel()].copy_(slots)
         return output
 
+    def reduce_scatter_into_(self, output: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
+        """Fill `output` with this rank's 1/world share of `whole` summed over the ranks, in
+        slot order (torch's reduce_scatter_tensor; ZeRO-3 reduces its gradients so). Each chunk
+        carries the same range of every rank's share: a rank writes its `world` pieces into its
+        slot and, after one barrier, sums its own piece out of every slot. `output` may be a
+        view of `whole` (DeepSpeed passes its own share of the buffer): a range of it is
+        written only after that range has been copied into the slot."""
+        shares = whole.contiguous().view(self.world_size, -1)
+        mine = output.view(-1)
+        per_slot = SLOT_BYTES // (whole.element_size() * self.world_size)
+        for start in range(0, shares.shape[1], per_slot):
+            piece = shares[:, start : start + per_slot]
+            slots = self._write_chunk(piece).view(self.world_size, self.world_size, -1)
+            total = mine[start : start + piece.shape[1]]
+            torch.add(slots[0, self.rank], slots[1, self.rank], out=total)
+            for peer in range(2, self.world_size):
+                total.add_(slots[peer, self.rank])
+        return output
+
     def _write_chunk(self, piece: torch.Tensor, divide_by: int = 1) -> torch.Tensor:
-        """Write this rank's piece of a chunk into its slot of the chunk's set, wait for every
-        rank's, and return the set's slots holding them."""
+        """Write this rank's piece of a chunk (a 1-D range, or a reduce-scatter's `world`
+        ranges) into its slot of the chunk's set, wait for every rank's, and return the set's
+        slots holding them, one row per rank."""
         count, slot_set = piece.numel(), self.chunk % 2
         slots = self.slots[slot_set].view(piece.dtype)[:, :count]
         self.chunk += 1
+        mine = slots[self.rank].view(piece.shape)
         if divide_by == 1:
-            slots[self.rank].copy_(piece)
+            mine.copy_(piece)
         else:
-            torch.div(piece, divide_by, out=slots[self.rank])
+            torch.div(piece, divide_by, out=mine)
         self.flags[FLAG_STRIDE * self.rank + 1 + slot_set] = count * piece.element_size()
         self._barrier()
         self._check_same_bytes(slot_set)

@@ -17,8 +17,8 @@ Components (bytes per rank; P parameters, N data-parallel ranks, L the largest l
   gradient reduction in backward (`zero3_working`).
 - buffers: engine communication buffers, not in DeepSpeed's estimators but resident on a real
   run: DDP's gradient buckets (a second copy of the gradients unless ddp.gradient_as_bucket_view
-  makes the gradients views into them) and the shared-memory allreduce segment of DDP and ZeRO-0/
-  1/2 (2 slots of 4 MiB per rank, mapped and touched whole by every rank, so in each one's RSS;
+  makes the gradients views into them) and the shared-memory allreduce segment of DDP and ZeRO
+  (2 slots of 4 MiB per rank, mapped and touched whole by every rank, so in each one's RSS;
   the DeepSpeed rows of a job that sums through Gloo leave it out), Horovod's fusion
   buffer (the most a step touches, `horovod_fusion_bytes`), ZeRO-2/3's contiguous gradient
   bucket (the touched part), ZeRO-3's flattened copy of it (`reduce_scatter_coalesced`

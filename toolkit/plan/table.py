@@ -15,7 +15,6 @@ from toolkit.plan import memory as mem
 from toolkit.plan.model_facts import ModelFacts
 from toolkit.shm_layout import segment_bytes
 from toolkit.spec import TrainSpec
-from toolkit.spec.deepspeed_section import all_reduces_over_every_rank
 from toolkit.spec.fields import AllreduceTransport
 from toolkit.units import MIB
 
@@ -126,13 +125,12 @@ def layout_name(layout: mem.ZeroLayout) -> str:
 
 def _deepspeed(s: Setting) -> list[PlanRow]:
     rows = []
-    # ZeRO-0/1/2 reduce their gradients and gather their weights through it (toolkit.backends.
-    # deepspeed.shared_memory_comm); ZeRO-3 reduce-scatters over Gloo.
+    # Every ZeRO stage reduces its gradients and gathers its weights through it (toolkit.
+    # backends.deepspeed.shared_memory_comm).
     segment = (
         float(segment_bytes(s.ranks)) if _shared_memory(s, s.spec.deepspeed.allreduce) else 0.0
     )
     for layout in ZERO_LAYOUTS:
-        layout_segment = segment if all_reduces_over_every_rank(layout.stage, 1) else 0.0
         memory = mem.zero(
             s.spec,
             layout,
@@ -141,7 +139,7 @@ def _deepspeed(s: Setting) -> list[PlanRow]:
             ranks=s.ranks,
             activations=s.activations(),
             first_layer=s.facts.first_layer,
-            segment=layout_segment,
+            segment=segment,
         )
         sent = comm.zero_bytes(
             s.spec,
@@ -151,7 +149,7 @@ def _deepspeed(s: Setting) -> list[PlanRow]:
             micro_batches=s.micro_batches,
         )
         notes = []
-        if layout_segment:
+        if segment:
             notes.append("buffers: the shared-memory segment")
         if not s.facts.largest_layer_known and layout.stage == 3:
             notes.append("largest layer = model")

@@ -64,12 +64,12 @@ class DeepSpeedSpec(Section):
     )
     allreduce: AllreduceTransport = Field(
         default="auto",
-        description="The toolkit's, not a ds_config key: how ZeRO stages 0-2 sum their "
-        "gradients (and ZeRO-1/2 gather their updated weights) across ranks. gloo: DeepSpeed's "
-        "torch.distributed process group, over TCP. shared_memory: through /dev/shm, for ranks "
-        "on one x86-64 host (as ddp.allreduce; 2 slots of 4 MiB per rank). auto: shared_memory "
-        "wherever it can run, else gloo. ZeRO-3 and the pipeline engine reduce through Gloo "
-        "either way.",
+        description="The toolkit's, not a ds_config key: how ZeRO reduces its gradients "
+        "(all-reduce at stages 0-2, reduce-scatter at 3) and gathers its weights (stages 1-3) "
+        "across ranks. gloo: DeepSpeed's torch.distributed process group, over TCP. "
+        "shared_memory: through /dev/shm, for ranks on one x86-64 host (as ddp.allreduce; 2 "
+        "slots of 4 MiB per rank). auto: shared_memory wherever it can run, else gloo. The "
+        "pipeline engine reduces through Gloo either way.",
     )
 
 
@@ -99,20 +99,19 @@ def deepspeed_issues(section: DeepSpeedSpec, backend: str, precision: str) -> It
             yield _issue(key, value, f"{where} uses the precision's dtype ({precision})")
 
 
-def all_reduces_over_every_rank(zero_stage: int, pipeline_stages: int) -> bool:
-    """Whether DeepSpeed sums gradients with all-reduces (and, at ZeRO-1/2, gathers weights)
-    over every rank, the collectives `deepspeed.allreduce` chooses the transport of: ZeRO
-    stages 0-2 without the pipeline engine. ZeRO-3 reduce-scatters; the pipeline engine reduces
-    over groups of some ranks."""
-    return zero_stage <= 2 and pipeline_stages == 1
+def collectives_over_every_rank(pipeline_stages: int) -> bool:
+    """Whether DeepSpeed reduces gradients and gathers weights over every rank, the collectives
+    `deepspeed.allreduce` chooses the transport of: at every ZeRO stage (all-reduces at 0-2,
+    all-gathers at 1-3, reduce-scatters at 3) without the pipeline engine, which reduces over
+    groups of some ranks."""
+    return pipeline_stages == 1
 
 
 def allreduce_issues(
-    section: DeepSpeedSpec, backend: str, zero_stage: int, pipeline_stages: int
+    section: DeepSpeedSpec, backend: str, pipeline_stages: int
 ) -> Iterator[SpecIssue]:
     """`deepspeed.allreduce` written where it would be ignored: the transport is DeepSpeed's,
-    of the gradient all-reduces and weight gathers of ZeRO stages 0-2 without the pipeline
-    engine."""
+    of the gradient reductions and weight gathers of ZeRO without the pipeline engine."""
     if section.allreduce == "auto":
         return
     if not engines.engine(backend).deepspeed_settings:
@@ -122,16 +121,13 @@ def allreduce_issues(
             allowed=f"the DeepSpeed engine's transport; backend {backend} does not read it",
             hint="remove deepspeed.allreduce (ddp.allreduce is DDP's)",
         )
-    elif section.allreduce == "shared_memory" and not all_reduces_over_every_rank(
-        zero_stage, pipeline_stages
-    ):
-        where = f"zero.stage {zero_stage}" if zero_stage > 2 else "the pipeline engine"
+    elif section.allreduce == "shared_memory" and not collectives_over_every_rank(pipeline_stages):
         yield SpecIssue(
             path="deepspeed.allreduce",
             value=section.allreduce,
-            allowed=f"auto or gloo with {where}, which reduces over Gloo (reduce-scatter or "
-            "groups of some ranks)",
-            hint="set deepspeed.allreduce: auto, or zero.stage 0-2 without pipeline stages",
+            allowed="auto or gloo with the pipeline engine, which reduces over Gloo in groups "
+            "of some ranks",
+            hint="set deepspeed.allreduce: auto, or remove the pipeline stages",
         )
 
 

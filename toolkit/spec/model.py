@@ -167,9 +167,8 @@ class TrainSpec(Section):
         data = info.data
         if _have(info, "backend", "precision"):
             _raise(deepspeed_issues(section, data["backend"], data["precision"]))
-        if _have(info, "backend", "zero", "pipeline"):
-            zero, pipeline = data["zero"], data["pipeline"]
-            _raise(allreduce_issues(section, data["backend"], zero.stage, pipeline.stages))
+        if _have(info, "backend", "pipeline"):
+            _raise(allreduce_issues(section, data["backend"], data["pipeline"].stages))
         return section
 
     @field_validator("zero")

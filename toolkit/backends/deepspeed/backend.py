@@ -64,7 +64,7 @@ from toolkit.backends.torch_data import TorchData
 from toolkit.checkpoint import CheckpointState
 from toolkit.errors import ToolkitError
 from toolkit.render.deepspeed import deepspeed_config
-from toolkit.spec.deepspeed_section import all_reduces_over_every_rank
+from toolkit.spec.deepspeed_section import collectives_over_every_rank
 
 # The builder name deepspeed.comm.torch.build_shm_op looks up in ops.__compatible_ops__.
 SHM_COMM_OP = "deepspeed_shm_comm"
@@ -101,9 +101,9 @@ class DeepSpeedBackend(common.TorchCollectives, TorchData, Backend):
         self._collectives_through_shared_memory()
 
     def _collectives_through_shared_memory(self) -> None:
-        """ZeRO-0/1/2's gradient all-reduces and weight gathers, and `run.allreduce`, through
-        /dev/shm where `deepspeed.allreduce` resolves so (shared_memory_comm)."""
-        if not all_reduces_over_every_rank(self.spec.zero.stage, self.spec.pipeline.stages):
+        """ZeRO's gradient reductions and weight gathers, and `run.allreduce`, through /dev/shm
+        where `deepspeed.allreduce` resolves so (shared_memory_comm)."""
+        if not collectives_over_every_rank(self.spec.pipeline.stages):
             return
         self.shm_collectives = shared_memory.open_if_chosen(
             self.spec.deepspeed.allreduce,

@@ -1,20 +1,34 @@
-"""ZeRO stages 0-2 sum their gradients, and ZeRO-1/2 gather their updated weights, through the
-toolkit's shared memory (toolkit.backends.shared_memory) when every rank is on one host
-(`deepspeed.allreduce`).
+"""ZeRO reduces its gradients and gathers its weights through the toolkit's shared memory
+(toolkit.backends.shared_memory) when every rank is on one host (`deepspeed.allreduce`).
 
-Where DeepSpeed sums: every collective goes through one module-level object,
-`deepspeed.comm.comm.cdb` (its TorchBackend over torch.distributed). ZeRO-0's
-`engine.allreduce_bucket` and ZeRO-1/2's `average_tensor` (with `reduce_scatter: true`, which the
-toolkit writes) flatten a bucket of gradients, divide it by the world size before or after, and
-call `deepspeed.comm.all_reduce(bucket, group=dp_process_group)`, that is `cdb.all_reduce(tensor,
-op, group, async_op)`. After the optimizer step, ZeRO-1/2 gather each rank's updated weight
-partition into the full flat weights (`all_gather_into_tensor_dp_groups` in runtime/utils.py:
-`cdb.all_gather_into_tensor`). DeepSpeed has no setting for the transport of either (its CPU
-shared-memory op serves `inference_all_reduce` only, never training), so the toolkit wraps `cdb`:
-a synchronous SUM all-reduce or all-gather over a group of every rank goes through shared memory,
-anything else to DeepSpeed's own backend unchanged. ZeRO-3 reduces with reduce_scatter and the
-pipeline engine over groups of some ranks; neither is wrapped
-(`toolkit.spec.deepspeed_section.all_reduces_over_every_rank`).
+Where DeepSpeed communicates: every collective goes through one module-level object,
+`deepspeed.comm.comm.cdb` (its TorchBackend over torch.distributed). DeepSpeed has no setting
+for the transport of any of the collectives below (its CPU shared-memory op serves
+`inference_all_reduce` only, never training), so the toolkit wraps `cdb`: a SUM all-reduce or
+reduce-scatter, or an all-gather, over a group of every rank goes through shared memory,
+anything else to DeepSpeed's own backend unchanged.
+
+- ZeRO-0's `engine.allreduce_bucket` and ZeRO-1/2's `average_tensor` (with `reduce_scatter:
+  true`, which the toolkit writes) flatten a bucket of gradients, divide it by the world size
+  before or after, and call `cdb.all_reduce`.
+- After the optimizer step, ZeRO-1/2 gather each rank's updated weight partition into the full
+  flat weights (`all_gather_into_tensor_dp_groups` in runtime/utils.py:
+  `cdb.all_gather_into_tensor`).
+- ZeRO-3 gathers a module's weights before its forward and backward
+  (`_dist_allgather_fn` in partition_parameters.py: `cdb.all_gather_into_tensor` with
+  async_op=True, waited on before the weights are used) and reduces each bucket of gradients
+  with `reduce_scatter_coalesced` (runtime/comm/coalesced_collectives.py: pre-divided, then
+  `cdb.reduce_scatter_tensor`).
+
+An asynchronous call completes before it returns. Under Gloo a ZeRO-3 gather overlaps the
+work between its call and its wait; here that work waits instead, and the gather itself takes
+a fraction of Gloo's time. Order: the shared memory serves every group of every rank through
+one channel, in call order, where Gloo keeps a queue per group. That needs every rank to issue
+these collectives in the same order, which DeepSpeed's ZeRO does (each rank runs the same
+modules in the same order, and ZeRO-3's prefetch follows the trace of that order); a rank that
+did not would meet a peer's different collective, and the transport refuses a chunk whose
+size differs between ranks. The pipeline engine reduces over groups of some ranks and is not
+wrapped (`toolkit.spec.deepspeed_section.collectives_over_every_rank`).
 
 Bits: the sum of 2 ranks is a + b through either transport and a gather copies, so the weights are
 Gloo's to the bit (the parity cases hold them to DDP's); with more ranks the order of the
@@ -36,8 +50,10 @@ FIELD = "deepspeed.allreduce"
 
 
 class SharedMemoryComm:
-    """DeepSpeed's communication backend with `all_reduce` and `all_gather_into_tensor` over
-    shared memory where they can; every other attribute is the wrapped backend's."""
+    """DeepSpeed's communication backend with `all_reduce`, `all_gather_into_tensor` and
+    `reduce_scatter_tensor` over shared memory where they can; every other attribute is the
+    wrapped backend's. An asynchronous call (ZeRO-3's weight gathers) completes before it
+    returns, with a handle whose `wait` has nothing left to do."""
 
     def __init__(self, inner: Any, transport: SharedMemoryCollectives) -> None:
         self.inner = inner
@@ -50,10 +66,10 @@ class SharedMemoryComm:
         group: Any = None,
         async_op: bool = False,
     ) -> Any:
-        if async_op or not _is_sum(op) or not self._every_rank(group) or tensor.is_cuda:
+        if not _is_sum(op) or not self._every_rank(group) or tensor.is_cuda:
             return self.inner.all_reduce(tensor, op, group, async_op)
         self.transport.sum_(tensor)
-        return None  # what a synchronous torch.distributed.all_reduce returns
+        return _done(async_op)
 
     def all_gather_into_tensor(
         self,
@@ -62,9 +78,7 @@ class SharedMemoryComm:
         group: Any = None,
         async_op: bool = False,
     ) -> Any:
-        whole = output_tensor.numel() == input_tensor.numel() * self.transport.world_size
-        plain = whole and output_tensor.is_contiguous() and not output_tensor.is_cuda
-        if async_op or not plain or not self._every_rank(group):
+        if not self._plain(output_tensor, input_tensor, group):
             return self.inner.all_gather_into_tensor(
                 output_tensor=output_tensor,
                 input_tensor=input_tensor,
@@ -72,13 +86,59 @@ class SharedMemoryComm:
                 async_op=async_op,
             )
         self.transport.all_gather_into_(output_tensor, input_tensor)
-        return None
+        return _done(async_op)
+
+    def reduce_scatter_tensor(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        op: Any = ReduceOp.SUM,
+        group: Any = None,
+        async_op: bool = False,
+    ) -> Any:
+        if not _is_sum(op) or not self._plain(input_tensor, output_tensor, group):
+            return self.inner.reduce_scatter_tensor(
+                output_tensor=output_tensor,
+                input_tensor=input_tensor,
+                op=op,
+                group=group,
+                async_op=async_op,
+            )
+        self.transport.reduce_scatter_into_(output_tensor, input_tensor)
+        return _done(async_op)
+
+    def _plain(self, whole: torch.Tensor, share: torch.Tensor, group: Any) -> bool:
+        """A collective between one CPU tensor of every rank's shares and one share, over every
+        rank: what the transport moves; anything else goes to DeepSpeed's backend."""
+        return (
+            whole.numel() == share.numel() * self.transport.world_size
+            and whole.dtype == share.dtype
+            and whole.is_contiguous()
+            and share.is_contiguous()
+            and not whole.is_cuda
+            and self._every_rank(group)
+        )
 
     def _every_rank(self, group: Any) -> bool:
         return group is None or dist.get_world_size(group) == self.transport.world_size
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+
+class _Completed:
+    """The handle of an asynchronous collective that finished before it was returned."""
+
+    def wait(self, timeout: Any = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+def _done(async_op: bool) -> _Completed | None:
+    """What torch.distributed returns: a handle for an asynchronous call, None otherwise."""
+    return _Completed() if async_op else None
 
 
 def _is_sum(op: Any) -> bool:
