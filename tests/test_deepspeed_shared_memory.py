@@ -1,8 +1,8 @@
 """DeepSpeed's gradient reductions and weight gathers through the toolkit's shared memory
 (toolkit/backends/deepspeed/shared_memory_comm.py), for real: 2 ranks under the deepspeed
 launcher train to the same bits as over Gloo at ZeRO stages 0, 2 and 3 (all-reduces; all-reduces
-and gathers; asynchronous gathers and reduce-scatters), and a stopped rank is named by the shared-memory
-wait within `timeouts.collective_s`."""
+and gathers; asynchronous gathers and reduce-scatters), and a stopped rank is named by the
+shared-memory wait within `timeouts.collective_s`."""
 
 from __future__ import annotations
 

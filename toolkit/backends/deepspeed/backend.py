@@ -22,10 +22,10 @@ Findings:
   hung in torch's FileBaton.wait after an earlier job was SIGKILLed mid-build). The backend marks
   the op incompatible in `deepspeed.ops.__compatible_ops__`, so DeepSpeed skips it; `toolkit
   doctor` reports stale locks of the ops training does build (cpu_adam for offload).
-- DeepSpeed has no setting for the transport of its gradient all-reduces and weight gathers; on
-  one host ZeRO-0/1/2 run them through the toolkit's shared memory by wrapping DeepSpeed's
-  communication backend (`deepspeed.allreduce`, toolkit.backends.deepspeed.shared_memory_comm),
-  the same bits as Gloo with 2 ranks.
+- DeepSpeed has no setting for the transport of its gradient reductions and weight gathers; on
+  one host every ZeRO stage runs them through the toolkit's shared memory by wrapping
+  DeepSpeed's communication backend (`deepspeed.allreduce`,
+  toolkit.backends.deepspeed.shared_memory_comm), the same bits as Gloo with 2 ranks.
 - Runs sometimes aborted at exit ("terminate called without an active exception") while
   DeepSpeed still held its process groups; see `torch_common.release_process_groups`.
 - The pipeline engine registers each layer under its global index, so a stage's state-dict keys

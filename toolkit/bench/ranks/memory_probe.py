@@ -168,8 +168,8 @@ class StepReadings:
     are torch.distributed's, DeepSpeed's `reduce_scatter_fn` and `allgather_fn`, through
     which ZeRO-3 goes (its `all_gather_function` was bound to torch's when DeepSpeed started,
     out of reach of a wrapper on torch.distributed), and DeepSpeed's `all_reduce` and
-    `all_gather_into_tensor`, which ZeRO-0/1/2 call and which reach shared memory, not
-    torch.distributed, on one host (toolkit.backends.deepspeed.shared_memory_comm). Horovod's
+    `all_gather_into_tensor`, which ZeRO-0/1/2 call. On one host all of DeepSpeed's reach
+    shared memory, not torch.distributed (toolkit.backends.deepspeed.shared_memory_comm). Horovod's
     and DDP's shared-memory reductions are none of these; their buffers persist, so the
     step's reading sees them."""
 
