@@ -262,14 +262,27 @@ def _sums_of_any_tensor(rank: int, port: int, results: Path) -> None:
         refusal = "accepted"
     except ToolkitError as error:
         refusal = str(error)
-    report = {"counts": counts.tolist(), "columns": columns.tolist(), "refusal": refusal}
+    try:  # the same bytes, another collective: ranks that issued theirs in different orders
+        if rank == 0:
+            transport.sum_(torch.ones(4))
+        else:
+            transport.all_gather_into_(torch.empty(8), torch.ones(4))
+        out_of_order = "accepted"
+    except ToolkitError as error:
+        out_of_order = str(error)
+    report = {
+        "counts": counts.tolist(),
+        "columns": columns.tolist(),
+        "refusal": refusal,
+        "out_of_order": out_of_order,
+    }
     (results / f"rank{rank}.txt").write_text(json.dumps(report))
     dist.destroy_process_group()
 
 
 @pytest.mark.multiproc
 @pytest.mark.skipif(not ON_X86_64, reason="the shared-memory transport runs on x86-64 only")
-def test_sums_of_integer_and_strided_tensors_and_a_size_mismatch(tmp_path: Path) -> None:
+def test_sums_of_integer_and_strided_tensors_and_mismatched_calls(tmp_path: Path) -> None:
     mp.spawn(_sums_of_any_tensor, args=(free_port(), tmp_path), nprocs=2)
     for rank in (0, 1):
         report = json.loads((tmp_path / f"rank{rank}.txt").read_text())
@@ -277,3 +290,5 @@ def test_sums_of_integer_and_strided_tensors_and_a_size_mismatch(tmp_path: Path)
         assert report["columns"] == (torch.arange(12.0).reshape(3, 4).t() * 3).tolist()
         assert "tensors of different sizes" in report["refusal"], report["refusal"]
         assert "[12, 16]" in report["refusal"]
+        assert "called different collectives" in report["out_of_order"], report["out_of_order"]
+        assert "['sum', 'all-gather']" in report["out_of_order"]

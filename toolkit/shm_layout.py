@@ -12,7 +12,7 @@ SLOT_BYTES = 4 << 20
 FLAG_STRIDE = 8
 """int64 words per rank: one 64-byte cache line each, so ranks do not share a line. Word 0 is
 the rank's barrier count, words 1 and 2 the bytes of the chunk it last wrote into slot set 0
-and 1."""
+and 1, words 3 and 4 which collective that chunk belongs to."""
 
 
 def flag_bytes(world_size: int) -> int:

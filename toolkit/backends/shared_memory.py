@@ -30,6 +30,10 @@ every slot out: copies only, so every bit is the sender's. A reduce-scatter writ
 of every rank's share into its slot, passes one barrier, and each rank sums its own share's
 range over every slot, in slot order, into its output.
 
+Each chunk's size and collective are written beside it, and every rank checks its peers'
+after the barrier: ranks that passed tensors of different sizes, or issued their collectives
+in different orders, stop with an error that says what each rank did, not with a wrong sum.
+
 Consecutive chunks alternate between the two slot sets. A rank that writes chunk g+1 cannot
 overwrite sums a slower peer is still copying from chunk g; writing into chunk g's set again
 (at chunk g+2) needs chunk g+1's first barrier, which that peer reaches only after its copy,
@@ -88,6 +92,8 @@ LONGEST_PAUSE_SECONDS = 0.001
 """Sleeps between polls double up to this: the few percent of a core a long wait costs."""
 
 _X86_64 = ("x86_64", "amd64")
+COLLECTIVES = ("sum", "all-gather", "reduce-scatter")
+"""What a chunk belongs to, written beside its size (index + 1) and checked against the peers'."""
 SEGMENT_PREFIX = "toolkit-allreduce-"
 """The segment files' names in /dev/shm, each unlinked once every rank has mapped it."""
 
@@ -184,7 +190,7 @@ class SharedMemoryCollectives:
         per_slot = SLOT_BYTES // flat.element_size()
         for start in range(0, flat.numel(), per_slot):
             piece = flat[start : start + per_slot]
-            slots = self._write_chunk(piece)
+            slots = self._write_chunk(piece, "all-gather")
             gathered[:, start : start + piece.numel()].copy_(slots)
         return output
 
@@ -200,17 +206,18 @@ class SharedMemoryCollectives:
         per_slot = SLOT_BYTES // (whole.element_size() * self.world_size)
         for start in range(0, shares.shape[1], per_slot):
             piece = shares[:, start : start + per_slot]
-            slots = self._write_chunk(piece).view(self.world_size, self.world_size, -1)
+            slots = self._write_chunk(piece, "reduce-scatter")
+            slots = slots.view(self.world_size, self.world_size, -1)
             total = mine[start : start + piece.shape[1]]
             torch.add(slots[0, self.rank], slots[1, self.rank], out=total)
             for peer in range(2, self.world_size):
                 total.add_(slots[peer, self.rank])
         return output
 
-    def _write_chunk(self, piece: torch.Tensor, divide_by: int = 1) -> torch.Tensor:
+    def _write_chunk(self, piece: torch.Tensor, kind: str, divide_by: int = 1) -> torch.Tensor:
         """Write this rank's piece of a chunk (a 1-D range, or a reduce-scatter's `world`
-        ranges) into its slot of the chunk's set, wait for every rank's, and return the set's
-        slots holding them, one row per rank."""
+        ranges) of the collective `kind` into its slot of the chunk's set, wait for every
+        rank's, and return the set's slots holding them, one row per rank."""
         count, slot_set = piece.numel(), self.chunk % 2
         slots = self.slots[slot_set].view(piece.dtype)[:, :count]
         self.chunk += 1
@@ -219,9 +226,11 @@ class SharedMemoryCollectives:
             mine.copy_(piece)
         else:
             torch.div(piece, divide_by, out=mine)
-        self.flags[FLAG_STRIDE * self.rank + 1 + slot_set] = count * piece.element_size()
+        flags = FLAG_STRIDE * self.rank + slot_set
+        self.flags[flags + 1] = count * piece.element_size()
+        self.flags[flags + 3] = COLLECTIVES.index(kind) + 1
         self._barrier()
-        self._check_same_bytes(slot_set)
+        self._check_same_chunk(slot_set)
         return slots
 
     def _reduce_(self, tensor: torch.Tensor, *, divide_by: int) -> torch.Tensor:
@@ -234,7 +243,7 @@ class SharedMemoryCollectives:
         return tensor
 
     def _reduce_chunk_(self, part: torch.Tensor, divide_by: int) -> None:
-        slots = self._write_chunk(part, divide_by)
+        slots = self._write_chunk(part, "sum", divide_by)
         count = part.numel()
         low = self.rank * count // self.world_size
         high = (self.rank + 1) * count // self.world_size
@@ -259,11 +268,22 @@ class SharedMemoryCollectives:
             time.sleep(pause)
             pause = min(2 * pause, LONGEST_PAUSE_SECONDS)
 
-    def _check_same_bytes(self, slot_set: int) -> None:
-        """Gloo refuses tensors of different sizes on different ranks; so does this, instead
-        of summing mismatched ranges. Each slot set has its own byte counts: after an
-        all-gather's one barrier a fast rank may write the next chunk's before a slow one has
-        read this one's."""
+    def _check_same_chunk(self, slot_set: int) -> None:
+        """Every rank must have written a chunk of the same collective and size. One channel
+        serves every collective in call order, so a rank that issued its collectives in
+        another order than its peers meets a different one here: an error that says so,
+        instead of a gather's bytes summed into weights. Gloo refuses tensors of different
+        sizes on different ranks; so does this, instead of summing mismatched ranges. Each
+        slot set has its own words: after an all-gather's one barrier a fast rank may write
+        the next chunk's before a slow one has read this one's."""
+        kinds = self.flags[3 + slot_set :: FLAG_STRIDE]
+        if (kinds != kinds[self.rank]).any():
+            called = [COLLECTIVES[int(kind) - 1] for kind in kinds]
+            raise ToolkitError(
+                f"{self.field} (shared memory): the ranks called different collectives at the "
+                f"same point (by rank: {called}); every rank must issue the same collectives "
+                "in the same order"
+            )
         written = self.flags[1 + slot_set :: FLAG_STRIDE]
         if (written != written[self.rank]).any():
             raise ToolkitError(
