@@ -26,9 +26,10 @@ a fraction of Gloo's time. Order: the shared memory serves every group of every 
 one channel, in call order, where Gloo keeps a queue per group. That needs every rank to issue
 these collectives in the same order, which DeepSpeed's ZeRO does (each rank runs the same
 modules in the same order, and ZeRO-3's prefetch follows the trace of that order); a rank that
-did not would meet a peer's different collective, and the transport refuses a chunk whose
-size differs between ranks. The pipeline engine reduces over groups of some ranks and is not
-wrapped (`toolkit.spec.deepspeed_section.collectives_over_every_rank`).
+did not would meet a peer's different collective, and the transport stops every rank with
+an error naming each one's call (a chunk records its collective and size). The pipeline engine
+reduces over groups of some ranks and is not wrapped
+(`toolkit.spec.deepspeed_section.collectives_over_every_rank`).
 
 Bits: the sum of 2 ranks is a + b through either transport and a gather copies, so the weights are
 Gloo's to the bit (the parity cases hold them to DDP's); with more ranks the order of the
