@@ -208,10 +208,7 @@ class SharedMemoryCollectives:
             piece = shares[:, start : start + per_slot]
             slots = self._write_chunk(piece, "reduce-scatter")
             slots = slots.view(self.world_size, self.world_size, -1)
-            total = mine[start : start + piece.shape[1]]
-            torch.add(slots[0, self.rank], slots[1, self.rank], out=total)
-            for peer in range(2, self.world_size):
-                total.add_(slots[peer, self.rank])
+            _sum_in_slot_order(slots[:, self.rank], out=mine[start : start + piece.shape[1]])
         return output
 
     def _write_chunk(self, piece: torch.Tensor, kind: str, divide_by: int = 1) -> torch.Tensor:
@@ -247,9 +244,7 @@ class SharedMemoryCollectives:
         count = part.numel()
         low = self.rank * count // self.world_size
         high = (self.rank + 1) * count // self.world_size
-        total = slots[0, low:high]
-        for peer in range(1, self.world_size):
-            total.add_(slots[peer, low:high])
+        _sum_in_slot_order(slots[:, low:high], out=slots[0, low:high])
         self._barrier()
         part.copy_(slots[0])
 
@@ -299,6 +294,14 @@ class SharedMemoryCollectives:
             f"{self.timeout_s:g} s (timeouts.collective_s) for rank(s) {missing} on the same "
             "host; they are dead or stalled"
         )
+
+
+def _sum_in_slot_order(rows: torch.Tensor, *, out: torch.Tensor) -> None:
+    """Every rank's piece (one row each, at least 2) summed in slot order, the one order every
+    rank uses, into `out`, which may be the first row."""
+    torch.add(rows[0], rows[1], out=out)
+    for row in rows[2:]:
+        out.add_(row)
 
 
 def _map_segment(rank: int, nbytes: int, field: str) -> mmap.mmap:
