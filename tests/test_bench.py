@@ -147,6 +147,26 @@ def test_default_sweep_is_4k_to_64m() -> None:
     assert allreduce.bus_factor(2) == 1.0 and allreduce.bus_factor(8) == 1.75
 
 
+# The order DeepSpeed's 1F1B schedule runs 4 micro-batches in on 2 stages.
+ONE_F_ONE_B = {0: "FFBFBFBB", 1: "FBFBFBFB"}
+
+
+def _passes(stage: int, forward: float, backward: float) -> list[tuple[str, float]]:
+    return [
+        ("ForwardPass", forward) if kind == "F" else ("BackwardPass", backward)
+        for kind in ONE_F_ONE_B[stage]
+    ]
+
+
+def _timeline(passes: list[tuple[str, float]], *, start: float) -> list[tuple[str, float, float]]:
+    """The passes back to back from `start`: (kind, start, end)."""
+    timeline = []
+    for kind, seconds in passes:
+        timeline.append((kind, start, start + seconds))
+        start += seconds
+    return timeline
+
+
 def _pipeline_rank(stage: int, *, start: float, compute: float, end: float) -> dict:
     step = {
         "step_s": end - start + 0.01,
@@ -155,8 +175,59 @@ def _pipeline_rank(stage: int, *, start: float, compute: float, end: float) -> d
         "compute_s": compute,
         "micro_batches": 4,
         "seconds": {"ForwardPass": compute / 3, "BackwardPass": 2 * compute / 3, "RecvGrad": 0.1},
+        "passes": _timeline(_passes(stage, compute / 12, compute / 6), start=start),
     }
     return {"rank": stage, "stage": stage, "steps": [step, step, step]}
+
+
+def test_a_replay_of_equal_passes_without_hand_offs_is_the_formula() -> None:
+    """Forward 1 s, backward 2 s on both stages, 4 micro-batches: 15 s, 12 of them busy."""
+    window = bubble.replayed_window([_passes(0, 1.0, 2.0), _passes(1, 1.0, 2.0)])
+    assert window == pytest.approx(15.0)
+    assert 1 - 12.0 / window == pytest.approx(bubble.planned_bubble(2, 4))
+
+
+def test_a_replay_turns_passes_that_vary_into_waiting() -> None:
+    """2 micro-batches; stage 1 computes 6 s either way. Steady (forward 1 s, backward 2 s): 9 s,
+    the formula's 1/3 idle. With its first backward pass 4 s and its second 0 s, stage 0 waits
+    for the slow one and the fast one cannot give the time back: 10 s."""
+    stage_0 = [("ForwardPass", 1.0)] * 2 + [("BackwardPass", 2.0)] * 2
+    steady = [("ForwardPass", 1.0), ("BackwardPass", 2.0)] * 2
+    uneven = [
+        ("ForwardPass", 1.0),
+        ("BackwardPass", 4.0),
+        ("ForwardPass", 1.0),
+        ("BackwardPass", 0.0),
+    ]
+    assert bubble.replayed_window([stage_0, steady]) == pytest.approx(9.0)
+    assert pytest.approx(bubble.planned_bubble(2, 2)) == 1 - 6.0 / 9.0
+    assert bubble.replayed_window([stage_0, uneven]) == pytest.approx(10.0)
+
+
+def test_a_hand_off_is_timed_from_when_its_pass_could_have_started() -> None:
+    """Stage 1's first forward starts 0.3 s after stage 0's ended; its second 0.1 s after its
+    own backward pass ended, stage 0's forward having ended long before; stage 0's first
+    backward 0.2 s after stage 1's."""
+    stage_0 = [
+        ("ForwardPass", 0.0, 1.0),
+        ("ForwardPass", 1.0, 2.0),
+        ("BackwardPass", 4.5, 6.5),
+        ("BackwardPass", 7.8, 9.8),
+    ]
+    stage_1 = [
+        ("ForwardPass", 1.3, 2.3),
+        ("BackwardPass", 2.3, 4.3),
+        ("ForwardPass", 4.4, 5.4),
+        ("BackwardPass", 5.4, 7.4),
+    ]
+    delays = bubble.hand_off_delays([stage_0, stage_1])
+    # stage 0's first backward pass (0.2) and second (7.8 - 7.4), stage 1's forwards (0.3, 0.1)
+    assert sorted(delays) == pytest.approx([0.1, 0.2, 0.3, 0.4])
+
+
+def test_a_replay_of_passes_that_are_not_one_step_is_refused() -> None:
+    with pytest.raises(ValueError, match="not one pipeline step"):
+        bubble.replayed_window([[("BackwardPass", 1.0)], [("ForwardPass", 1.0)]])
 
 
 def test_bubble_is_the_idle_share_of_the_common_window() -> None:
@@ -266,13 +337,16 @@ def test_reports_write_tables_pngs_and_markdown(tmp_path: Path) -> None:
         "machine": step["machine"],
         "model": {"layers": [8, 8, 8], "micro": 4, "stages": 2, "steps": 3},
         "cases": [
-            bubble.summarize(
-                [
-                    _pipeline_rank(0, start=0.0, compute=0.8, end=1.0),
-                    _pipeline_rank(1, start=0.1, compute=0.7, end=1.0),
-                ],
-                micro_batches=4,
-            )
+            {
+                "send_recv": "shared_memory",
+                **bubble.summarize(
+                    [
+                        _pipeline_rank(0, start=0.0, compute=0.8, end=1.0),
+                        _pipeline_rank(1, start=0.1, compute=0.7, end=1.0),
+                    ],
+                    micro_batches=4,
+                ),
+            }
         ],
         "errors": [],
     }
@@ -280,7 +354,7 @@ def test_reports_write_tables_pngs_and_markdown(tmp_path: Path) -> None:
     assert bubble.plot(pipeline, tmp_path / "bubble.png").read_bytes()[:8] == PNG_SIGNATURE
     (tmp_path / "bubble.json").write_text(json.dumps(pipeline))
     text = markdown.render(tmp_path, image_prefix="docs/bench/")
-    assert "| 4 | 0.200 | 0.250 | +0.050 |" in text
+    assert "| 4 | shared_memory | 0.200 | 0.250 | +0.050 |" in text
     assert "![bubble](docs/bench/bubble.png)" in text
     assert "## Findings" in text and "(docs/bench/step.png)" in text
     assert "| ddp/torchrun | 60.0 | 61.0 | 60.5 |" in text

@@ -207,6 +207,36 @@ def test_every_zero_stage_counts_the_shared_memory_segment(choice: str) -> None:
 
 
 @pytest.mark.parametrize(
+    ("stages", "send_recv", "hosts", "rings"),
+    [
+        (2, "auto", [], 2),  # to and from its one neighbour
+        (4, "shared_memory", [], 4),  # to and from each of two
+        (2, "gloo", [], 0),
+        (2, "auto", ["a:1", "b:1"], 0),  # ranks on two hosts: Gloo
+    ],
+)
+def test_a_pipeline_stage_counts_the_mailboxes_it_sends_through(
+    stages: int, send_recv: str, hosts: list[str], rings: int
+) -> None:
+    def pipeline_row(choice: str) -> PlanRow:
+        spec = TrainSpec.from_dict(
+            {
+                "backend": "deepspeed",
+                "pipeline": {"stages": stages},
+                "deepspeed": {"send_recv": choice},
+                "launch": {"hosts": hosts},
+            }
+        )
+        rows = plan_rows(spec, from_params(1000), stages)
+        return next(r for r in rows if r.name.startswith("deepspeed pipeline"))
+
+    through_gloo, row = pipeline_row("gloo"), pipeline_row(send_recv)
+    added = row.memory.device["buffers"] - through_gloo.memory.device["buffers"]
+    assert added == rings * (2 * MIB + 128)  # a 2 MiB ring and two cache lines each
+    assert ("shared-memory mailboxes" in row.note) is bool(rings)
+
+
+@pytest.mark.parametrize(
     ("layers", "fusion_mib"),
     [
         ((MIB, MIB), 8),  # every layer fuses: 8 MiB of gradients touch 8 MiB of the buffer

@@ -21,7 +21,7 @@ from toolkit.backends.ddp.comm_hook import comm_hook
 from toolkit.backends.shared_memory import SEGMENT_PREFIX, SharedMemoryCollectives, resolve
 from toolkit.errors import ToolkitError
 from toolkit.ports import free_port
-from toolkit.shm_layout import SLOT_BYTES
+from toolkit.shm_layout import SLOT_BYTES, segment_bytes
 
 FIELD = "ddp.allreduce"
 ON_X86_64 = platform.machine().lower() in ("x86_64", "amd64") and os.path.isdir("/dev/shm")
@@ -42,12 +42,26 @@ def test_which_transport_a_job_gets(
 ) -> None:
     monkeypatch.setattr(platform, "machine", lambda: "x86_64")
     monkeypatch.setattr(os.path, "isdir", lambda path: path == "/dev/shm")
-    assert resolve(choice, field=FIELD, world_size=world, local_world_size=local) == expected  # type: ignore[arg-type]
+    assert (
+        resolve(
+            choice,
+            field=FIELD,
+            world_size=world,
+            local_world_size=local,
+            segment_size=segment_bytes(world),
+        )
+        == expected
+    )  # type: ignore[arg-type]
 
 
 def test_auto_keeps_gloo_where_the_barrier_would_be_unsafe(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(platform, "machine", lambda: "aarch64")
-    assert resolve("auto", field=FIELD, world_size=2, local_world_size=2) == "gloo"
+    assert (
+        resolve(
+            "auto", field=FIELD, world_size=2, local_world_size=2, segment_size=segment_bytes(2)
+        )
+        == "gloo"
+    )
 
 
 @pytest.mark.parametrize(
@@ -63,7 +77,13 @@ def test_shared_memory_written_where_it_cannot_run_is_one_clear_error(
 ) -> None:
     monkeypatch.setattr(platform, "machine", lambda: machine)
     with pytest.raises(ToolkitError) as caught:
-        resolve("shared_memory", field=FIELD, world_size=world, local_world_size=local)
+        resolve(
+            "shared_memory",
+            field=FIELD,
+            world_size=world,
+            local_world_size=local,
+            segment_size=segment_bytes(world),
+        )
     message = str(caught.value)
     assert message.startswith("ddp.allreduce: 'shared_memory' cannot run here")
     assert reason in message and "allowed here: gloo, auto" in message and "\n" not in message
@@ -76,10 +96,26 @@ def test_auto_keeps_gloo_where_dev_shm_has_no_room_for_the_segment(
     monkeypatch.setattr(platform, "machine", lambda: "x86_64")
     room = os.statvfs_result((4096, 4096, 16384, 16384, 16384, 0, 0, 0, 0, 255))  # 64 MiB free
     monkeypatch.setattr(os, "statvfs", lambda path: room)
-    assert resolve("auto", field=FIELD, world_size=4, local_world_size=4) == "shared_memory"
-    assert resolve("auto", field=FIELD, world_size=8, local_world_size=8) == "gloo"
+    assert (
+        resolve(
+            "auto", field=FIELD, world_size=4, local_world_size=4, segment_size=segment_bytes(4)
+        )
+        == "shared_memory"
+    )
+    assert (
+        resolve(
+            "auto", field=FIELD, world_size=8, local_world_size=8, segment_size=segment_bytes(8)
+        )
+        == "gloo"
+    )
     with pytest.raises(ToolkitError, match=r"has 64\.0 MiB free, the segment needs 64\.0"):
-        resolve("shared_memory", field=FIELD, world_size=8, local_world_size=8)
+        resolve(
+            "shared_memory",
+            field=FIELD,
+            world_size=8,
+            local_world_size=8,
+            segment_size=segment_bytes(8),
+        )
 
 
 @pytest.mark.skipif(not ON_X86_64, reason="the shared-memory transport runs on x86-64 only")

@@ -345,6 +345,41 @@ def test_deepspeed_allreduce_written_where_it_would_be_ignored_is_refused(
     assert "deepspeed.allreduce=" in line and allowed in line and "HINT" in line, line
 
 
+@pytest.mark.parametrize(
+    ("data", "allowed", "hint"),
+    [
+        (
+            {"backend": "ddp", "deepspeed": {"send_recv": "gloo"}},
+            "backend ddp does not read it",
+            "remove deepspeed.send_recv",
+        ),
+        (
+            {"backend": "deepspeed", "deepspeed": {"send_recv": "shared_memory"}},
+            "only the pipeline engine sends between stages",
+            "or set pipeline.stages",
+        ),
+    ],
+)
+def test_deepspeed_send_recv_written_where_it_would_be_ignored_is_refused(
+    data: dict[str, object], allowed: str, hint: str
+) -> None:
+    with pytest.raises(SpecError) as caught:
+        TrainSpec.from_dict(data)
+    line = caught.value.one_line()
+    assert "deepspeed.send_recv=" in line and allowed in line and hint in line, line
+
+
+def test_deepspeed_send_recv_is_the_pipeline_engines_choice() -> None:
+    for choice in ("auto", "gloo", "shared_memory"):
+        data = {
+            "backend": "deepspeed",
+            "pipeline": {"stages": 2},
+            "deepspeed": {"send_recv": choice},
+        }
+        assert TrainSpec.from_dict(data).deepspeed.send_recv == choice
+    assert TrainSpec.from_dict({"backend": "ddp"}).deepspeed.send_recv == "auto"
+
+
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_deepspeed_allreduce_is_accepted_at_every_stage(stage: int) -> None:
     for choice in ("auto", "gloo", "shared_memory"):

@@ -64,6 +64,7 @@ import platform
 import socket
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Literal
 
 import numpy as np
@@ -99,13 +100,21 @@ SEGMENT_PREFIX = "toolkit-allreduce-"
 
 
 def resolve(
-    choice: AllreduceTransport, *, field: str, world_size: int, local_world_size: int
+    choice: AllreduceTransport,
+    *,
+    field: str,
+    world_size: int,
+    local_world_size: int,
+    segment_size: int,
 ) -> Transport:
     """The transport a job uses: `auto` is shared memory when every rank is on this host, the
-    host is x86-64 and has /dev/shm, and the job has more than one rank; else Gloo. An explicit
+    host is x86-64 and has /dev/shm with room for `segment_size` bytes, and the job has more
+    than one rank; else Gloo. An explicit
     `shared_memory` the job cannot use is an error naming the spec's `field`, not a quiet
     fall-back."""
-    obstacle = _obstacle(world_size=world_size, local_world_size=local_world_size)
+    obstacle = _obstacle(
+        world_size=world_size, local_world_size=local_world_size, segment_size=segment_size
+    )
     if choice == "gloo" or (choice == "auto" and obstacle):
         return "gloo"
     if obstacle:
@@ -123,7 +132,11 @@ def open_if_chosen(
     None: the engine's Gloo. Collective: every rank calls it at the same point."""
     world_size, local_world_size = env.world_size, env.local_world_size
     transport = resolve(
-        choice, field=field, world_size=world_size, local_world_size=local_world_size
+        choice,
+        field=field,
+        world_size=world_size,
+        local_world_size=local_world_size,
+        segment_size=segment_bytes(world_size),
     )
     if transport == "gloo":
         return None
@@ -132,7 +145,7 @@ def open_if_chosen(
     )
 
 
-def _obstacle(*, world_size: int, local_world_size: int) -> str | None:
+def _obstacle(*, world_size: int, local_world_size: int, segment_size: int) -> str | None:
     if world_size < 2:
         return "the job has one rank"
     if local_world_size != world_size:
@@ -142,7 +155,7 @@ def _obstacle(*, world_size: int, local_world_size: int) -> str | None:
     if not os.path.isdir(SHM_DIRECTORY):
         return f"this host has no {SHM_DIRECTORY}"
     status = os.statvfs(SHM_DIRECTORY)
-    free, needed = status.f_bavail * status.f_frsize, segment_bytes(world_size)
+    free, needed = status.f_bavail * status.f_frsize, segment_size
     if free < needed:
         return (
             f"{SHM_DIRECTORY} has {free / MIB:.1f} MiB free, the segment needs {needed / MIB:.1f}"
@@ -162,7 +175,7 @@ class SharedMemoryCollectives:
         self.timeout_s = timeout_s
         self.generation = 0
         self.chunk = 0
-        self._mapping = _map_segment(rank, segment_bytes(world_size), field)
+        self._mapping = map_segment(rank, segment_bytes(world_size), field)
         self.flags = np.frombuffer(self._mapping, dtype=np.int64, count=FLAG_STRIDE * world_size)
         self.slots = torch.frombuffer(
             self._mapping,
@@ -252,16 +265,8 @@ class SharedMemoryCollectives:
         self.generation += 1
         counts = self.flags[::FLAG_STRIDE]
         counts[self.rank] = self.generation
-        start = time.monotonic()
-        pause = LONGEST_PAUSE_SECONDS / 64
-        while counts.min() < self.generation:
-            waited = time.monotonic() - start
-            if waited < SPIN_SECONDS:
-                continue
-            if waited > self.timeout_s:
-                raise self._timed_out(counts)
-            time.sleep(pause)
-            pause = min(2 * pause, LONGEST_PAUSE_SECONDS)
+        if not wait_for(lambda: counts.min() >= self.generation, timeout_s=self.timeout_s):
+            raise self._timed_out(counts)
 
     def _check_same_chunk(self, slot_set: int) -> None:
         """Every rank must have written a chunk of the same collective and size. One channel
@@ -296,6 +301,30 @@ class SharedMemoryCollectives:
         )
 
 
+def wait_for(
+    ready: Callable[[], bool],
+    *,
+    timeout_s: float,
+    spin_s: float = SPIN_SECONDS,
+    longest_pause_s: float = LONGEST_PAUSE_SECONDS,
+) -> bool:
+    """Poll `ready` until it holds (True) or `timeout_s` has passed (False): spinning for
+    `spin_s`, then sleeping between polls, the sleeps doubling up to `longest_pause_s`."""
+    if ready():
+        return True
+    start = time.monotonic()
+    pause = longest_pause_s / 64
+    while not ready():
+        waited = time.monotonic() - start
+        if waited < spin_s:
+            continue
+        if waited > timeout_s:
+            return False
+        time.sleep(pause)
+        pause = min(2 * pause, longest_pause_s)
+    return True
+
+
 def _sum_in_slot_order(rows: torch.Tensor, *, out: torch.Tensor) -> None:
     """Every rank's piece (one row each, at least 2) summed in slot order, the one order every
     rank uses, into `out`, which may be the first row."""
@@ -304,7 +333,7 @@ def _sum_in_slot_order(rows: torch.Tensor, *, out: torch.Tensor) -> None:
         out.add_(row)
 
 
-def _map_segment(rank: int, nbytes: int, field: str) -> mmap.mmap:
+def map_segment(rank: int, nbytes: int, field: str) -> mmap.mmap:
     """Rank 0 creates the segment's file, every rank maps it, rank 0 unlinks it. A rank that
     cannot open the file is not on rank 0's host, whatever its launcher said: every rank then
     fails with the same error instead of reducing with a rank that sees another segment."""

@@ -31,8 +31,9 @@ stage costs alone predict 0.00-0.01. Pinning each stage to a core of its own cha
 from __future__ import annotations
 
 import json
+import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,10 +50,13 @@ DEFAULT_LAYERS = (1536,) + (1024,) * 8
 """Eight layers, four per stage; the first is wider (see the module's docstring)."""
 DEFAULT_MICRO = 128
 DEFAULT_STEPS = 10
+DEFAULT_SEND_RECV = ("gloo", "shared_memory")
+"""DeepSpeed's blocking sends over Gloo beside the toolkit's mailboxes, each m under both in
+turn, so that the two are measured side by side in one run."""
 TIMEOUT_S = 600
 
 
-def case_spec(micro_batches: int, micro: int) -> TrainSpec:
+def case_spec(micro_batches: int, micro: int, send_recv: str = "gloo") -> TrainSpec:
     data = merge(
         TrainSpec().to_dict(),
         {
@@ -61,6 +65,7 @@ def case_spec(micro_batches: int, micro: int) -> TrainSpec:
             "pipeline": {"stages": STAGES, "partition": "parameters"},
             "batch": {"global": micro * micro_batches, "micro": micro, "accumulation": None},
             "launch": {"np": STAGES, "threads_per_rank": 1, "master_port": free_port()},
+            "deepspeed": {"send_recv": send_recv},
         },
     )
     return TrainSpec.from_dict(data)
@@ -72,13 +77,95 @@ def _step_bubble(ranks: list[dict[str, Any]], index: int) -> dict[str, Any]:
         s["first_forward_start"] for s in steps
     )
     stage_bubbles = [1.0 - s["compute_s"] / window for s in steps]
+    timelines = [[(kind, start, end) for kind, start, end in s["passes"]] for s in steps]
+    replayed = replayed_window([[(kind, end - start) for kind, start, end in t] for t in timelines])
     return {
         "window_s": window,
         "step_s": max(s["step_s"] for s in steps),
         "stage_bubbles": stage_bubbles,
         "bubble": statistics.fmean(stage_bubbles),
+        "replayed_bubble": statistics.fmean(1.0 - s["compute_s"] / replayed for s in steps),
+        "hand_off_s": hand_off_delays(timelines),
         "stage_compute_s": [s["compute_s"] for s in steps],
     }
+
+
+Pass = tuple[str, float, float]
+"""A forward or backward pass of one stage: its kind, start and end on the host's clock."""
+
+
+def _inputs(stages: int, stage: int, kind: str, micro: int) -> tuple[str, int, int] | None:
+    """The pass of another stage whose output this one takes: micro-batch k's forward pass on
+    stage s takes stage s-1's output, its backward pass the gradient of stage s+1's; None on
+    the first stage's forward and the last stage's backward."""
+    source = stage - 1 if kind == "ForwardPass" else stage + 1
+    return (kind, source, micro) if 0 <= source < stages else None
+
+
+def _micro_batches(passes: Sequence[tuple[Any, ...]]) -> list[int]:
+    """Each pass's micro-batch: a stage's k-th forward (or backward) pass is micro-batch k's."""
+    seen = {"ForwardPass": 0, "BackwardPass": 0}
+    order = []
+    for kind, *_ in passes:
+        order.append(seen[kind])
+        seen[kind] += 1
+    return order
+
+
+def replayed_window(stage_passes: list[list[tuple[str, float]]]) -> float:
+    """The window the step's own passes would take with hand-offs that cost nothing.
+
+    `stage_passes[s]` is stage s's forward and backward passes in the order it ran them, each
+    with its measured seconds. The replay runs each stage's passes in that order, each as soon
+    as the stage is free and its input exists (`_inputs`). What the measured window has beyond
+    the replay is the hand-offs' (sending, receiving, waking up, the schedule's own work between
+    passes); what the replay has beyond `predicted_from_stage_costs` is the passes' variation
+    from one to the next, which the schedule's dependencies turn into waiting.
+    """
+    stages = len(stage_passes)
+    micros = [_micro_batches(passes) for passes in stage_passes]
+    ends: dict[tuple[str, int, int], float] = {}
+    clock, position = [0.0] * stages, [0] * stages
+    remaining = sum(len(passes) for passes in stage_passes)
+    while remaining:
+        progressed = False
+        for stage, passes in enumerate(stage_passes):
+            while position[stage] < len(passes):
+                kind, seconds = passes[position[stage]]
+                micro = micros[stage][position[stage]]
+                source = _inputs(stages, stage, kind, micro)
+                needed = 0.0 if source is None else ends.get(source)
+                if needed is None:
+                    break
+                clock[stage] = max(clock[stage], needed) + seconds
+                ends[(kind, stage, micro)] = clock[stage]
+                position[stage] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise ValueError("the stages' passes wait on each other: not one pipeline step")
+    return max(clock)
+
+
+def hand_off_delays(timelines: list[list[Pass]]) -> list[float]:
+    """For each pass that takes another stage's output: how long after it could have started
+    (its input's pass had ended, and so had the stage's own pass before it) it did start. The
+    send, the receive, waking up and the schedule's own work between the two passes."""
+    stages = len(timelines)
+    ends = {
+        (kind, stage, micro): end
+        for stage, timeline in enumerate(timelines)
+        for (kind, _, end), micro in zip(timeline, _micro_batches(timeline), strict=True)
+    }
+    delays = []
+    for stage, timeline in enumerate(timelines):
+        previous_end = -math.inf
+        for (kind, start, end), micro in zip(timeline, _micro_batches(timeline), strict=True):
+            source = _inputs(stages, stage, kind, micro)
+            if source is not None:
+                delays.append(start - max(ends[source], previous_end))
+            previous_end = end
+    return delays
 
 
 def predicted_from_stage_costs(stage_seconds: list[float], micro_batches: int) -> float:
@@ -103,6 +190,8 @@ def summarize(ranks: list[dict[str, Any]], micro_batches: int) -> dict[str, Any]
         {name for rank in ranks for step in rank["steps"] for name in step["seconds"]}
     )
     measured = statistics.median(step["bubble"] for step in steps)
+    replayed = statistics.median(step["replayed_bubble"] for step in steps)
+    delays = [delay for step in steps for delay in step["hand_off_s"]]
     formula = planned_bubble(len(ranks), micro_batches)
     return {
         "micro_batches": micro_batches,
@@ -111,6 +200,8 @@ def summarize(ranks: list[dict[str, Any]], micro_batches: int) -> dict[str, Any]
         "measured": measured,
         "difference": measured - formula,
         "predicted_from_stage_costs": predicted_from_stage_costs(median_compute, micro_batches),
+        "replayed_without_hand_offs": replayed,
+        "hand_off_ms": 1000 * statistics.median(delays) if delays else None,
         "stage_bubbles": [
             statistics.median(step["stage_bubbles"][s] for step in steps) for s in range(len(ranks))
         ],
@@ -135,30 +226,32 @@ def run_bubble(
     layers: tuple[int, ...] = DEFAULT_LAYERS,
     micro: int = DEFAULT_MICRO,
     steps: int = DEFAULT_STEPS,
+    transports: tuple[str, ...] = DEFAULT_SEND_RECV,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     results, errors = [], []
     for count in micro_batch_counts:
-        spec = case_spec(count, micro)
-        directory = work / f"bubble-m{count}"
-        directory.mkdir(parents=True)
-        args = ["--layers", ",".join(map(str, layers)), "--steps", str(steps)]
-        log(f"pipeline {STAGES} stages x {count} micro-batches: measuring")
-        outcome = launch_with_spec(
-            spec, directory, PROBE, [*args, "--out", str(directory)], timeout=TIMEOUT_S
-        )
-        written = sorted(directory.glob("rank*.json"))
-        reason = failure(
-            outcome, wrote=len(written) == STAGES, missing=f"{len(written)} ranks wrote results"
-        )
-        if reason:
-            log(f"  FAILED: {reason.splitlines()[0]}")
-            errors.append(f"m={count}: {reason}")
-            continue
-        ranks = [json.loads(path.read_text()) for path in written]
-        result = summarize(ranks, count)
-        log(f"  bubble {result['measured']:.3f} (formula {result['formula']:.3f})")
-        results.append(result)
+        for transport in transports:
+            spec = case_spec(count, micro, transport)
+            directory = work / f"bubble-m{count}-{transport}"
+            directory.mkdir(parents=True)
+            args = ["--layers", ",".join(map(str, layers)), "--steps", str(steps)]
+            log(f"pipeline {STAGES} stages x {count} micro-batches, sends over {transport}")
+            outcome = launch_with_spec(
+                spec, directory, PROBE, [*args, "--out", str(directory)], timeout=TIMEOUT_S
+            )
+            written = sorted(directory.glob("rank*.json"))
+            reason = failure(
+                outcome, wrote=len(written) == STAGES, missing=f"{len(written)} ranks wrote results"
+            )
+            if reason:
+                log(f"  FAILED: {reason.splitlines()[0]}")
+                errors.append(f"m={count} {transport}: {reason}")
+                continue
+            ranks = [json.loads(path.read_text()) for path in written]
+            result = {"send_recv": transport, **summarize(ranks, count)}
+            log(f"  bubble {result['measured']:.3f} (formula {result['formula']:.3f})")
+            results.append(result)
     return {
         "model": {"layers": list(layers), "micro": micro, "stages": STAGES, "steps": steps},
         "cases": results,
@@ -172,15 +265,19 @@ def table(data: dict[str, Any]) -> str:
         f"DeepSpeed pipeline, {model['stages']} stages, MLP {'-'.join(map(str, model['layers']))}, "
         f"micro-batch {model['micro']}, "
         f"median of {model['steps']} steps",
-        f"{'m':>3}{'formula':>9}{'measured':>10}{'diff':>8}{'stage costs':>13}"
+        f"{'m':>3}{'sends':>15}{'formula':>9}{'measured':>10}{'diff':>8}{'stage costs':>13}"
+        f"{'replay':>8}{'hand-off ms':>12}"
         f"{'stage bubbles':>16}{'ms/micro per stage':>22}{'window ms':>11}{'step ms':>9}",
     ]
     for case in data["cases"]:
         stages = " ".join(f"{b:.3f}" for b in case["stage_bubbles"])
         per_micro = " ".join(f"{t:.1f}" for t in case["stage_compute_per_micro_ms"])
         lines.append(
-            f"{case['micro_batches']:3d}{case['formula']:9.3f}{case['measured']:10.3f}"
-            f"{case['difference']:+8.3f}{case['predicted_from_stage_costs']:13.3f}{stages:>16}"
+            f"{case['micro_batches']:3d}{case.get('send_recv', 'gloo'):>15}"
+            f"{case['formula']:9.3f}{case['measured']:10.3f}"
+            f"{case['difference']:+8.3f}{case['predicted_from_stage_costs']:13.3f}"
+            f"{case.get('replayed_without_hand_offs', math.nan):8.3f}"
+            f"{case.get('hand_off_ms') or math.nan:12.2f}{stages:>16}"
             f"{per_micro:>22}{case['window_ms']:11.1f}{case['step_ms']:9.1f}"
         )
     for error in data["errors"]:
@@ -200,12 +297,27 @@ def plot(data: dict[str, Any], path: Path) -> Path:
     dense = list(range(1, max(counts, default=1) + 1))
     stages = data["model"]["stages"]
     axis.plot(dense, [planned_bubble(stages, m) for m in dense], "-", label="(p-1)/(m+p-1)")
-    axis.plot(counts, [c["measured"] for c in cases], "o", label="measured (mean of stages)")
+    for transport, marker in (("gloo", "o"), ("shared_memory", "s")):
+        mine = [c for c in cases if c.get("send_recv", "gloo") == transport]
+        if mine:
+            axis.plot(
+                [c["micro_batches"] for c in mine],
+                [c["measured"] for c in mine],
+                marker,
+                label=f"measured, sends over {transport} (mean of stages)",
+            )
     axis.plot(
         counts,
         [c["predicted_from_stage_costs"] for c in cases],
         "x",
         label="predicted from stage costs",
+    )
+    replayed = [c for c in cases if "replayed_without_hand_offs" in c]
+    axis.plot(
+        [c["micro_batches"] for c in replayed],
+        [c["replayed_without_hand_offs"] for c in replayed],
+        "+",
+        label="the step's passes replayed without hand-offs",
     )
     axis.set_xscale("log", base=2)
     axis.set_xlabel("micro-batches per step (m)")

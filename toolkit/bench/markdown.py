@@ -194,10 +194,13 @@ def bubble_section(data: dict[str, Any], png: str) -> list[str]:
     model = data["model"]
     head = [
         "micro-batches m",
+        "sends over",
         "(p-1)/(m+p-1)",
         "measured",
         "measured - formula",
         "predicted from stage costs",
+        "replayed without hand-offs",
+        "hand-off ms (median)",
         "bubble per stage",
         "ms per micro-batch per stage",
         "window ms",
@@ -206,10 +209,13 @@ def bubble_section(data: dict[str, Any], png: str) -> list[str]:
     rows = [
         [
             str(case["micro_batches"]),
+            case.get("send_recv", "gloo"),
             _f(case["formula"]),
             _f(case["measured"]),
             _f(case["difference"], "+.3f"),
             _f(case["predicted_from_stage_costs"]),
+            _f(case.get("replayed_without_hand_offs")),
+            _f(case.get("hand_off_ms"), ".2f"),
             " / ".join(_f(b) for b in case["stage_bubbles"]),
             " / ".join(_f(t, ".1f") for t in case["stage_compute_per_micro_ms"]),
             _f(case["window_ms"], ".1f"),
@@ -219,7 +225,7 @@ def bubble_section(data: dict[str, Any], png: str) -> list[str]:
     ]
     waits = ["RecvActivation", "RecvGrad", "SendActivation", "SendGrad"]
     wait_rows = [
-        [str(case["micro_batches"])]
+        [str(case["micro_batches"]), case.get("send_recv", "gloo")]
         + [" / ".join(_f(ms, ".1f") for ms in case["instruction_ms"].get(w, [])) for w in waits]
         for case in data["cases"]
     ]
@@ -231,8 +237,8 @@ def bubble_section(data: dict[str, Any], png: str) -> list[str]:
         "from the first forward pass to the last backward pass, averaged over the stages."
     )
     lines += ["", *_table(head, rows), ""]
-    lines += ["Milliseconds per step in the blocking point-to-point instructions, stage 0 / 1:", ""]
-    lines += [*_table(["m", *waits], wait_rows), ""]
+    lines += ["Milliseconds per step in the point-to-point instructions, stage 0 / 1:", ""]
+    lines += [*_table(["m", "sends over", *waits], wait_rows), ""]
     lines += [f"![bubble]({png})", ""]
     for error in data["errors"]:
         lines.append(f"error: {error.splitlines()[0]}")

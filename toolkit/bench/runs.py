@@ -218,6 +218,7 @@ def run_bubble(args: argparse.Namespace) -> int:
             f"give at least {bubble.STAGES + 1} widths, e.g. 64,64,64",
         )
     micro = args.micro or bubble.DEFAULT_MICRO
+    transports = tuple(dict.fromkeys(args.send_recv or bubble.DEFAULT_SEND_RECV))
     context = record.machine()
     with tempfile.TemporaryDirectory(prefix="toolkit-bench-") as work:
         measured = bubble.run_bubble(
@@ -226,9 +227,11 @@ def run_bubble(args: argparse.Namespace) -> int:
             layers=layers,
             micro=micro,
             steps=args.steps,
+            transports=transports,
             log=log_stderr,
         )
     words = ["toolkit", "bench", "bubble", "--steps", str(args.steps)]
+    words += ["--send-recv", *transports] if args.send_recv else []
     words += ["--micro-batches", *map(str, counts)] if args.micro_batches else []
     words += ["--layers", ",".join(map(str, layers))] if args.layers else []
     words += ["--micro", str(micro)] if args.micro else []

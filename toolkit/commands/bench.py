@@ -171,6 +171,14 @@ def register(subparsers: Any) -> None:
     bubble.add_argument("--layers", type=_layers, default=None, help="MLP widths")
     bubble.add_argument("--micro", type=_positive, default=None, help="samples per micro-batch")
     bubble.add_argument("--steps", type=_positive, default=10, help="timed steps per launch")
+    bubble.add_argument(
+        "--send-recv",
+        nargs="+",
+        choices=("gloo", "shared_memory"),
+        default=None,
+        help="the pipeline's transports between stages (deepspeed.send_recv), each m measured "
+        "under each in turn (default both)",
+    )
     bubble.add_argument("--out", default=DEFAULT_OUT, help="where bubble.json and .png go")
     bubble.set_defaults(func=_run("run_bubble"))
 

@@ -187,7 +187,8 @@ def zero(
 ) -> Memory:
     """DeepSpeed's engine at a ZeRO stage (0 = its plain data parallelism); see module docs.
     `first_layer`: parameters of the model's first layer, when known (ZeRO-3's working set);
-    `segment`: the shared-memory allreduce segment's bytes, where the ranks sum through it."""
+    `segment`: the shared memory a rank touches: the allreduce segment where the ranks sum through
+    it, the mailboxes a pipeline stage sends through."""
     p, n, stage = float(parameters), ranks, layout.stage
     w = 2.0 if half(spec) else 4.0
     k = float(optimizer_bytes(spec))

@@ -13,7 +13,7 @@ from toolkit import engines
 from toolkit.plan import communication as comm
 from toolkit.plan import memory as mem
 from toolkit.plan.model_facts import ModelFacts
-from toolkit.shm_layout import segment_bytes
+from toolkit.shm_layout import mailbox_bytes, mailboxes_per_rank, segment_bytes
 from toolkit.spec import TrainSpec
 from toolkit.spec.fields import AllreduceTransport
 from toolkit.units import MIB
@@ -194,6 +194,13 @@ def _pipeline(s: Setting) -> PlanRow:
         if facts.layer_activations
         else None
     )
+    # The rings of the mailboxes this stage sends and receives through (toolkit.backends.
+    # shared_memory_p2p); the other ranks' rings in the segment it never touches.
+    mailboxes = (
+        float(mailbox_bytes(mailboxes_per_rank(stages)))
+        if _shared_memory(s, s.spec.deepspeed.send_recv)
+        else 0.0
+    )
     memory = mem.zero(
         s.spec,
         mem.ZeroLayout(stage=min(s.spec.zero.stage, 1)),
@@ -201,6 +208,7 @@ def _pipeline(s: Setting) -> PlanRow:
         largest_layer=facts.largest_layer,
         ranks=max(data_parallel, 1),
         activations=activations,
+        segment=mailboxes,
     )
     sent = comm.pipeline_bytes(
         s.spec,
@@ -210,7 +218,10 @@ def _pipeline(s: Setting) -> PlanRow:
         micro=batch.micro,
         micro_batches=batch.accumulation,
     )
-    note = "" if cuts else "layers unknown: P/p per stage, activations not sent counted"
+    notes = ["buffers: the pipeline's shared-memory mailboxes"] if mailboxes else []
+    if not cuts:
+        notes.append("layers unknown: P/p per stage, activations not sent counted")
+    note = "; ".join(notes)
     name = f"deepspeed pipeline p={stages} m={batch.accumulation}"
     return PlanRow(name, memory, sent, comm.bubble(stages, batch.accumulation), note)
 

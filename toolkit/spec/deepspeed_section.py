@@ -71,6 +71,15 @@ class DeepSpeedSpec(Section):
         "slots of 4 MiB per rank). auto: shared_memory wherever it can run, else gloo. The "
         "pipeline engine reduces through Gloo either way.",
     )
+    send_recv: AllreduceTransport = Field(
+        default="auto",
+        description="The toolkit's, not a ds_config key: how the pipeline engine hands "
+        "activations and their gradients between stages. gloo: DeepSpeed's blocking "
+        "torch.distributed send and receive, over TCP; each send waits for its receive. "
+        "shared_memory: through a 2 MiB mailbox per direction between neighbouring stages in "
+        "/dev/shm, for ranks on one x86-64 host; a send returns once its bytes are in the "
+        "mailbox. auto: shared_memory wherever it can run, else gloo. The same bits either way.",
+    )
 
 
 def _issue(key: str, value: object, allowed: str) -> SpecIssue:
@@ -128,6 +137,31 @@ def allreduce_issues(
             allowed="auto or gloo with the pipeline engine, which reduces over Gloo in groups "
             "of some ranks",
             hint="set deepspeed.allreduce: auto, or remove the pipeline stages",
+        )
+
+
+def send_recv_issues(
+    section: DeepSpeedSpec, backend: str, pipeline_stages: int
+) -> Iterator[SpecIssue]:
+    """`deepspeed.send_recv` written where it would be ignored: only the pipeline engine sends
+    between stages."""
+    if section.send_recv == "auto":
+        return
+    if not engines.engine(backend).deepspeed_settings:
+        yield SpecIssue(
+            path="deepspeed.send_recv",
+            value=section.send_recv,
+            allowed=f"the DeepSpeed pipeline engine's transport; backend {backend} does not "
+            "read it",
+            hint="remove deepspeed.send_recv",
+        )
+    elif pipeline_stages == 1:
+        yield SpecIssue(
+            path="deepspeed.send_recv",
+            value=section.send_recv,
+            allowed="auto without pipeline stages: only the pipeline engine sends between "
+            "stages (pipeline.stages > 1)",
+            hint="remove deepspeed.send_recv, or set pipeline.stages",
         )
 
 

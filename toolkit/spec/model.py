@@ -26,6 +26,7 @@ from toolkit.spec.deepspeed_section import (
     allreduce_issues,
     bias_correction_issues,
     deepspeed_issues,
+    send_recv_issues,
 )
 from toolkit.spec.errors import SpecError, SpecIssue
 from toolkit.spec.fields import Section, rule_error
@@ -168,7 +169,9 @@ class TrainSpec(Section):
         if _have(info, "backend", "precision"):
             _raise(deepspeed_issues(section, data["backend"], data["precision"]))
         if _have(info, "backend", "pipeline"):
-            _raise(allreduce_issues(section, data["backend"], data["pipeline"].stages))
+            stages = data["pipeline"].stages
+            _raise(allreduce_issues(section, data["backend"], stages))
+            _raise(send_recv_issues(section, data["backend"], stages))
         return section
 
     @field_validator("zero")

@@ -26,6 +26,9 @@ Findings:
   one host every ZeRO stage runs them through the toolkit's shared memory by wrapping
   DeepSpeed's communication backend (`deepspeed.allreduce`,
   toolkit.backends.deepspeed.shared_memory_comm), the same bits as Gloo with 2 ranks.
+- The pipeline engine's sends between stages are blocking rendezvous over Gloo; on one host they
+  go through shared-memory mailboxes instead (`deepspeed.send_recv`,
+  toolkit.backends.deepspeed.send_recv_comm), the same bits.
 - Runs sometimes aborted at exit ("terminate called without an active exception") while
   DeepSpeed still held its process groups; see `torch_common.release_process_groups`.
 - The pipeline engine registers each layer under its global index, so a stage's state-dict keys
@@ -48,7 +51,7 @@ from deepspeed.accelerator import get_accelerator
 from deepspeed.pipe import PipelineModule
 from deepspeed.utils import safe_get_full_fp32_param
 
-from toolkit.backends import shared_memory, torch_state
+from toolkit.backends import shared_memory, shared_memory_p2p, torch_state
 from toolkit.backends import torch_batches as batches
 from toolkit.backends import torch_common as common
 from toolkit.backends.base import (
@@ -59,7 +62,7 @@ from toolkit.backends.base import (
     StateShare,
     refuse_missing_script_optimizer,
 )
-from toolkit.backends.deepspeed import pipeline, shared_memory_comm, state
+from toolkit.backends.deepspeed import pipeline, send_recv_comm, shared_memory_comm, state
 from toolkit.backends.torch_data import TorchData
 from toolkit.checkpoint import CheckpointState
 from toolkit.errors import ToolkitError
@@ -139,7 +142,23 @@ class DeepSpeedBackend(common.TorchCollectives, TorchData, Backend):
             scheduler.step()
         # bf16 makes DeepSpeed cast the whole model; floating inputs must follow (module docs).
         self.input_dtype = next(self.engine.module.parameters()).dtype
+        if self.uses_pipeline:
+            self._sends_through_shared_memory()
         return self.engine
+
+    def _sends_through_shared_memory(self) -> None:
+        """The pipeline's sends between stages through /dev/shm mailboxes where
+        `deepspeed.send_recv` resolves so (send_recv_comm); between the ranks the engine's grid
+        pairs, so after the engine is built."""
+        self.mailboxes = shared_memory_p2p.open_if_chosen(
+            self.spec.deepspeed.send_recv,
+            field=send_recv_comm.FIELD,
+            env=self.env,
+            pairs=send_recv_comm.neighbour_pairs(self.engine.grid.p2p_groups),
+            timeout_s=self.spec.timeouts.collective_s,
+        )
+        if self.mailboxes is not None:
+            send_recv_comm.install(self.mailboxes, self.engine)
 
     def _client_scheduler(self, optimizer: torch.optim.Optimizer) -> Any:
         return common.lr_scheduler(optimizer, self.spec)

@@ -28,8 +28,9 @@ these collectives in the same order, which DeepSpeed's ZeRO does (each rank runs
 modules in the same order, and ZeRO-3's prefetch follows the trace of that order); a rank that
 did not would meet a peer's different collective, and the transport stops every rank with
 an error naming each one's call (a chunk records its collective and size). The pipeline engine
-reduces over groups of some ranks and is not wrapped
-(`toolkit.spec.deepspeed_section.collectives_over_every_rank`).
+reduces over groups of some ranks, and its collectives stay DeepSpeed's
+(`toolkit.spec.deepspeed_section.collectives_over_every_rank`); its sends and receives have a
+wrapper of their own (toolkit.backends.deepspeed.send_recv_comm).
 
 Bits: the sum of 2 ranks is a + b through either transport and a gather copies, so the weights are
 Gloo's to the bit (the parity cases hold them to DDP's); with more ranks the order of the
@@ -50,7 +51,17 @@ from toolkit.backends.shared_memory import SharedMemoryCollectives
 FIELD = "deepspeed.allreduce"
 
 
-class SharedMemoryComm:
+class CommWrapper:
+    """A wrapper in front of DeepSpeed's communication backend (`deepspeed.comm.comm.cdb`):
+    what it does not define is the wrapped backend's."""
+
+    inner: Any
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class SharedMemoryComm(CommWrapper):
     """DeepSpeed's communication backend with `all_reduce`, `all_gather_into_tensor` and
     `reduce_scatter_tensor` over shared memory where they can; every other attribute is the
     wrapped backend's. An asynchronous call (ZeRO-3's weight gathers) completes before it
@@ -123,9 +134,6 @@ class SharedMemoryComm:
     def _every_rank(self, group: Any) -> bool:
         return group is None or dist.get_world_size(group) == self.transport.world_size
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
 
 class _Completed:
     """The handle of an asynchronous collective that finished before it was returned."""
@@ -152,6 +160,7 @@ def install(transport: SharedMemoryCollectives) -> None:
 
 
 def uninstall() -> None:
-    """Give DeepSpeed its own backend back (at shutdown, before it destroys its groups)."""
-    if isinstance(deepspeed_comm.cdb, SharedMemoryComm):
+    """Give DeepSpeed its own backend back (at shutdown, before it destroys its groups), from
+    behind every wrapper the toolkit put in front of it."""
+    while isinstance(deepspeed_comm.cdb, CommWrapper):
         deepspeed_comm.cdb = deepspeed_comm.cdb.inner

@@ -6,8 +6,9 @@ Runs the toolkit's DeepSpeed pipeline (`run.train_step`) and times every instruc
 pipeline engine's schedule (ForwardPass, BackwardPass, SendActivation, RecvGrad, ...) on the
 host's monotonic clock, which every process of one host shares. Each rank writes, per timed
 step, the start and end of its first ForwardPass and last BackwardPass, the seconds it spent
-in forward and backward passes (its compute), and the seconds per instruction kind;
-toolkit.bench.bubble turns them into the bubble.
+in forward and backward passes (its compute), the seconds per instruction kind, and each
+forward and backward pass in the order it ran with its start and end; toolkit.bench.bubble turns
+them into the bubble, replays the passes without hand-offs, and times each hand-off.
 
 The timing wraps the entries of the engine's `_INSTRUCTION_MAP` (the table its `_exec_schedule`
 dispatches through) on this engine instance only: measurement, not a change to the step.
@@ -84,6 +85,7 @@ class InstructionClock:
             "compute_s": sum(seconds[name] for name in COMPUTE),
             "micro_batches": len(forwards),
             "seconds": dict(seconds),
+            "passes": [event for event in events if event[0] in COMPUTE],
         }
 
 
