@@ -18,14 +18,14 @@ micro-batch (measured, `stage_compute_per_micro_ms`). `predicted_from_stage_cost
 each stage's measured cost (window ≈ Σ t_s + (m-1)·max t_s), so that what is left between it and
 the measurement is the hand-offs' doing, not imbalance.
 
-Finding (docs/bench/bubble.json, docs/bench/findings.md): DeepSpeed's pipeline sends and
-receives with blocking `dist.send`/`dist.recv` (deepspeed/runtime/pipe/p2p.py; `async_op` is
-refused), so every hand-off is a rendezvous: the stage that finishes first waits for the other
-(seen in the timeline as SendGrad blocked while the first stage still runs a forward pass). Each
-steady-state cycle then lasts as long as the slower stage's cycle of that moment, and on a shared
-CPU machine a pass varies by ±20%: the measured bubble sits 0.02-0.03 above the formula for 2 to
-4 micro-batches and 0.05 at 8 (the AMD machine; 0.05-0.08 from 2 on the Intel one), while the
-stage costs alone predict 0.00-0.01. Pinning each stage to a core of its own changed nothing.
+Each m runs with the pipeline's sends over Gloo and through the toolkit's mailboxes in turn
+(`deepspeed.send_recv`, `--send-recv`). Beside the measurement, each case replays the step's own
+passes without hand-offs (`replayed_window`) and times each hand-off (`hand_off_delays`), which
+splits the excess over the formula into stage imbalance, the passes' variation, and the
+hand-offs. Finding (docs/bench/bubble.json, docs/bench/findings.md): over Gloo the hand-offs
+were the larger part, a round trip per micro-batch that DeepSpeed's schedule order puts on the
+critical path; through the mailboxes, sends first, they halve, and at 8 micro-batches what is
+left is mostly the passes' variation on a shared CPU.
 """
 
 from __future__ import annotations
