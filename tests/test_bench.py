@@ -255,10 +255,11 @@ def test_stage_costs_predict_the_formula_when_equal_and_more_when_not() -> None:
 
 
 def test_bubble_case_spec_is_a_two_stage_pipeline_of_m_micro_batches() -> None:
-    spec = bubble.case_spec(micro_batches=4, micro=8)
+    spec = bubble.case_spec(micro_batches=4, micro=8, send_recv="shared_memory")
     batch = spec.batch_for(2)
     assert spec.backend == "deepspeed" and spec.pipeline.stages == 2
     assert (batch.global_, batch.micro, batch.accumulation) == (32, 8, 4)
+    assert spec.deepspeed.send_recv == "shared_memory"
 
 
 def _step_data() -> dict:

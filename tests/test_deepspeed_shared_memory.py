@@ -55,6 +55,26 @@ def train(spec: dict[str, Any], path: Path) -> dict[int, str]:
     return done.digests
 
 
+def stop_one_rank(spec: dict[str, Any], stopped: int, tmp_path: Path) -> str:
+    """Train under `spec` (the heartbeat set far off), SIGSTOP rank `stopped` once both ranks
+    are up, and return the job's output: the job must have failed within the collective timeout
+    and left no rank behind."""
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    job, piddir, log = start_training_job(path, tmp_path, rank_env())
+    try:
+        ranks = wait_for_ranks(piddir, bound=UP_SECONDS, job=job, log=log)
+        os.kill(ranks[stopped], signal.SIGSTOP)
+        returncode = job.wait(timeout=COLLECTIVE_SECONDS + CONTRACT_SECONDS)
+    finally:
+        job.kill()
+        job.wait()
+    output = log.read_text()
+    assert returncode not in (0, 124), output[-3000:]
+    assert gone(ranks[0]) and gone(ranks[1])
+    return output
+
+
 @pytest.mark.skipif(not ON_X86_64, reason="the shared-memory transport runs on x86-64 only")
 @pytest.mark.parametrize("stage", [0, 2, 3])
 def test_zero_sums_through_shared_memory_to_the_bits_of_gloo(stage: int, tmp_path: Path) -> None:
@@ -76,24 +96,12 @@ def test_a_stopped_rank_is_named_by_the_shared_memory_wait(stage: int, tmp_path:
         deepspeed={"allreduce": "shared_memory"},
         timeouts={"stall_s": 600, "collective_s": COLLECTIVE_SECONDS},
     )
-    path = tmp_path / "spec.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    job, piddir, log = start_training_job(path, tmp_path, rank_env())
-    try:
-        ranks = wait_for_ranks(piddir, bound=UP_SECONDS, job=job, log=log)
-        os.kill(ranks[1], signal.SIGSTOP)
-        returncode = job.wait(timeout=COLLECTIVE_SECONDS + CONTRACT_SECONDS)
-    finally:
-        job.kill()
-        job.wait()
-    output = log.read_text()
-    assert returncode not in (0, 124), output[-3000:]
+    output = stop_one_rank(spec, 1, tmp_path)
     expected = (
         f"deepspeed.allreduce (shared memory): rank 0 on {HOST} waited {COLLECTIVE_SECONDS:g} s "
         "(timeouts.collective_s) for rank(s) [1]"
     )
     assert expected in output, output[-3000:]
-    assert gone(ranks[0]) and gone(ranks[1])
 
 
 @pytest.mark.skipif(not ON_X86_64, reason="the shared-memory transport runs on x86-64 only")
@@ -117,21 +125,9 @@ def test_a_stopped_pipeline_stage_is_named_by_the_mailbox_wait(tmp_path: Path) -
         deepspeed={"send_recv": "shared_memory"},
         timeouts={"stall_s": 600, "collective_s": COLLECTIVE_SECONDS},
     )
-    path = tmp_path / "spec.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    job, piddir, log = start_training_job(path, tmp_path, rank_env())
-    try:
-        ranks = wait_for_ranks(piddir, bound=UP_SECONDS, job=job, log=log)
-        os.kill(ranks[0], signal.SIGSTOP)
-        returncode = job.wait(timeout=COLLECTIVE_SECONDS + CONTRACT_SECONDS)
-    finally:
-        job.kill()
-        job.wait()
-    output = log.read_text()
-    assert returncode not in (0, 124), output[-3000:]
+    output = stop_one_rank(spec, 0, tmp_path)
     expected = (
         f"deepspeed.send_recv (shared memory): rank 1 on {HOST} waited {COLLECTIVE_SECONDS:g} s "
         "(timeouts.collective_s) for rank 0 on the same host"
     )
     assert expected in output, output[-3000:]
-    assert gone(ranks[0]) and gone(ranks[1])

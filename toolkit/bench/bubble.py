@@ -56,7 +56,7 @@ turn, so that the two are measured side by side in one run."""
 TIMEOUT_S = 600
 
 
-def case_spec(micro_batches: int, micro: int, send_recv: str = "gloo") -> TrainSpec:
+def case_spec(micro_batches: int, micro: int, send_recv: str) -> TrainSpec:
     data = merge(
         TrainSpec().to_dict(),
         {

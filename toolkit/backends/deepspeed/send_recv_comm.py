@@ -23,8 +23,9 @@ backward pass, sends its gradient and waits for micro-batch k+1's activation, wh
 before sends only once it has received that gradient, although it computed the activation a
 pass earlier. With sends that return at once there is no such deadlock, so the toolkit runs the
 schedule's steps with their sends first (`SendsFirst`): an activation leaves as soon as it is
-computed. Measured on the bench pipeline (2 stages, 8 micro-batches, docs/bench/findings.md):
-the median hand-off went from 0.8-0.9 to 0.5-0.6 ms.
+computed. Measured on the bench pipeline (2 stages, 4 and 8 micro-batches, `toolkit bench
+bubble`): the median hand-off was 0.8-0.9 ms through the mailboxes in DeepSpeed's order and
+0.5-0.7 ms sending first, in runs side by side; 0.9-1.4 ms over Gloo (docs/bench/findings.md).
 
 A send returns at once only while the ring has room for it. The first step runs in DeepSpeed's
 order and measures the most bytes one send instruction puts in flight to a neighbour
