@@ -27,6 +27,8 @@ ON_X86_64 = os.uname().machine.lower() in ("x86_64", "amd64") and os.path.isdir(
 HOST = socket.gethostname()
 COLLECTIVE_SECONDS = 5.0
 UP_SECONDS = 240.0
+WAIT_ENDS_THE_JOB = {"stall_s": 600, "collective_s": COLLECTIVE_SECONDS}
+"""The heartbeat set far off: what ends a job with a stopped rank is a transport's wait."""
 
 
 def zero_spec(stage: int, **changes: Any) -> dict[str, Any]:
@@ -94,7 +96,7 @@ def test_a_stopped_rank_is_named_by_the_shared_memory_wait(stage: int, tmp_path:
     spec = zero_spec(
         stage,
         deepspeed={"allreduce": "shared_memory"},
-        timeouts={"stall_s": 600, "collective_s": COLLECTIVE_SECONDS},
+        timeouts=WAIT_ENDS_THE_JOB,
     )
     output = stop_one_rank(spec, 1, tmp_path)
     expected = (
@@ -123,7 +125,7 @@ def test_a_stopped_pipeline_stage_is_named_by_the_mailbox_wait(tmp_path: Path) -
     naming it, within the collective timeout."""
     spec = pipeline_spec(
         deepspeed={"send_recv": "shared_memory"},
-        timeouts={"stall_s": 600, "collective_s": COLLECTIVE_SECONDS},
+        timeouts=WAIT_ENDS_THE_JOB,
     )
     output = stop_one_rank(spec, 0, tmp_path)
     expected = (
