@@ -91,10 +91,20 @@ def test_bench_bubble_tiny(tmp_path: Path, no_orphans: None) -> None:
     argv = ["bench", "bubble", "--micro-batches", "1", "2", "--layers", "16,16,16", "--micro", "4"]
     assert main([*argv, "--steps", "2", "--out", str(out)]) == 0
     data = json.loads((out / "bubble.json").read_text())
-    assert [case["micro_batches"] for case in data["cases"]] == [1, 2]
+    # Each m under both transports in turn, Gloo first.
+    assert [(case["micro_batches"], case["send_recv"]) for case in data["cases"]] == [
+        (1, "gloo"),
+        (1, "shared_memory"),
+        (2, "gloo"),
+        (2, "shared_memory"),
+    ]
     for case in data["cases"]:
         assert case["stages"] == 2 and len(case["steps"]) == 2
         # Idle shares of a window that holds the compute: between 0 and 1, whatever the timing.
         assert all(0.0 <= b < 1.0 for b in case["stage_bubbles"]), case["stage_bubbles"]
         assert case["instruction_ms"]["ForwardPass"][0] > 0
+        # The replay without hand-offs cannot take longer than the step did, and no pass starts
+        # before its input's pass has ended.
+        assert 0.0 <= case["replayed_without_hand_offs"] <= case["measured"] + 1e-9
+        assert case["hand_off_ms"] >= 0.0
     assert (out / "bubble.png").read_bytes()[:8] == PNG_SIGNATURE
