@@ -1,6 +1,6 @@
 """Point-to-point sends and receives through shared memory, for ranks that share one host:
 DeepSpeed's pipeline engine hands activations and their gradients between stages so
-(`deepspeed.send_recv`; toolkit.backends.deepspeed.shared_memory_comm).
+(`deepspeed.send_recv`; toolkit.backends.deepspeed.send_recv_comm).
 
 Why: DeepSpeed's pipeline sends with blocking `dist.send`/`dist.recv`
 (deepspeed/runtime/pipe/p2p.py refuses `async_op`). Over Gloo a send of a 512 KiB activation
@@ -124,8 +124,8 @@ class SharedMemoryMailboxes:
         self.rank = rank
         self.field = field
         self.timeout_s = timeout_s
-        self.pairs = sorted(set(pairs))
-        count = len(self.pairs)
+        pairs = sorted(set(pairs))
+        count = len(pairs)
         self._mapping = shared_memory.map_segment(rank, mailbox_bytes(count), field)
         counters = np.frombuffer(
             self._mapping, dtype=np.int64, count=count * MAILBOX_COUNTER_BYTES // 8
@@ -137,12 +137,12 @@ class SharedMemoryMailboxes:
             count=count * MAILBOX_RING_BYTES,
         ).view(count, MAILBOX_RING_BYTES)
         self._boxes = {
-            pair: _Mailbox(counters[index], rings[index]) for index, pair in enumerate(self.pairs)
+            pair: _Mailbox(counters[index], rings[index]) for index, pair in enumerate(pairs)
         }
         # This end's running total of each of its mailboxes: bytes written where it sends, read
         # where it receives. Every total is a whole number of cache lines.
-        self._totals = dict.fromkeys(self.pairs, 0)
-        self._burst = dict.fromkeys(self.pairs, 0)
+        self._totals = dict.fromkeys(pairs, 0)
+        self._burst = dict.fromkeys(pairs, 0)
         self.largest_burst = 0
         """The most ring bytes (headers and padding included) this rank has sent to one peer
         between two receives from it: what one send instruction of a pipeline puts in flight."""
@@ -167,24 +167,28 @@ class SharedMemoryMailboxes:
     def recv(self, tensor: torch.Tensor, sender: int) -> None:
         """Fill `tensor` with the next message from `sender`, waiting for it."""
         pair = (sender, self.rank)
-        box = self._boxes[pair]
         if (self.rank, sender) in self._burst:
             self._burst[(self.rank, sender)] = 0
         out = tensor if tensor.is_contiguous() else torch.empty_like(tensor).contiguous()
         payload = _bytes_of(out)
         header = torch.zeros(1, dtype=torch.int64)
-        for part in (header.view(torch.uint8), payload):
-            for at, piece in self._pieces(pair, part.numel(), box.waiting, sender, "send"):
-                part[piece].copy_(box.ring[at : at + piece.stop - piece.start])
-                box.publish_read(self._totals[pair])
-            if part is not payload and int(header[0]) != payload.numel():
-                raise ToolkitError(
-                    f"{self.field} (shared memory): rank {self.rank} expected {payload.numel()} "
-                    f"bytes from rank {sender} and rank {sender} sent {int(header[0])}; a send "
-                    "and its receive must have the same shape and dtype"
-                )
+        self._read(pair, header.view(torch.uint8))
+        if int(header[0]) != payload.numel():
+            raise ToolkitError(
+                f"{self.field} (shared memory): rank {self.rank} expected {payload.numel()} "
+                f"bytes from rank {sender} and rank {sender} sent {int(header[0])}; a send "
+                "and its receive must have the same shape and dtype"
+            )
+        self._read(pair, payload)
         if out is not tensor:
             tensor.copy_(out)
+
+    def _read(self, pair: tuple[int, int], part: torch.Tensor) -> None:
+        """Fill `part` (bytes) from the mailbox of `pair` as they arrive."""
+        box = self._boxes[pair]
+        for at, piece in self._pieces(pair, part.numel(), box.waiting, pair[0], "send"):
+            part[piece].copy_(box.ring[at : at + piece.stop - piece.start])
+            box.publish_read(self._totals[pair])
 
     def _pieces(
         self,

@@ -273,11 +273,12 @@ def table(data: dict[str, Any]) -> str:
         stages = " ".join(f"{b:.3f}" for b in case["stage_bubbles"])
         per_micro = " ".join(f"{t:.1f}" for t in case["stage_compute_per_micro_ms"])
         lines.append(
-            f"{case['micro_batches']:3d}{case.get('send_recv', 'gloo'):>15}"
+            f"{case['micro_batches']:3d}{case['send_recv']:>15}"
             f"{case['formula']:9.3f}{case['measured']:10.3f}"
             f"{case['difference']:+8.3f}{case['predicted_from_stage_costs']:13.3f}"
-            f"{case.get('replayed_without_hand_offs', math.nan):8.3f}"
-            f"{case.get('hand_off_ms') or math.nan:12.2f}{stages:>16}"
+            f"{case['replayed_without_hand_offs']:8.3f}"
+            f"{math.nan if case['hand_off_ms'] is None else case['hand_off_ms']:12.2f}"
+            f"{stages:>16}"
             f"{per_micro:>22}{case['window_ms']:11.1f}{case['step_ms']:9.1f}"
         )
     for error in data["errors"]:
@@ -298,7 +299,7 @@ def plot(data: dict[str, Any], path: Path) -> Path:
     stages = data["model"]["stages"]
     axis.plot(dense, [planned_bubble(stages, m) for m in dense], "-", label="(p-1)/(m+p-1)")
     for transport, marker in (("gloo", "o"), ("shared_memory", "s")):
-        mine = [c for c in cases if c.get("send_recv", "gloo") == transport]
+        mine = [c for c in cases if c["send_recv"] == transport]
         if mine:
             axis.plot(
                 [c["micro_batches"] for c in mine],
@@ -312,10 +313,9 @@ def plot(data: dict[str, Any], path: Path) -> Path:
         "x",
         label="predicted from stage costs",
     )
-    replayed = [c for c in cases if "replayed_without_hand_offs" in c]
     axis.plot(
-        [c["micro_batches"] for c in replayed],
-        [c["replayed_without_hand_offs"] for c in replayed],
+        counts,
+        [c["replayed_without_hand_offs"] for c in cases],
         "+",
         label="the step's passes replayed without hand-offs",
     )

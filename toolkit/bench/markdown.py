@@ -209,13 +209,13 @@ def bubble_section(data: dict[str, Any], png: str) -> list[str]:
     rows = [
         [
             str(case["micro_batches"]),
-            case.get("send_recv", "gloo"),
+            case["send_recv"],
             _f(case["formula"]),
             _f(case["measured"]),
             _f(case["difference"], "+.3f"),
             _f(case["predicted_from_stage_costs"]),
-            _f(case.get("replayed_without_hand_offs")),
-            _f(case.get("hand_off_ms"), ".2f"),
+            _f(case["replayed_without_hand_offs"]),
+            _f(case["hand_off_ms"], ".2f"),
             " / ".join(_f(b) for b in case["stage_bubbles"]),
             " / ".join(_f(t, ".1f") for t in case["stage_compute_per_micro_ms"]),
             _f(case["window_ms"], ".1f"),
@@ -225,7 +225,7 @@ def bubble_section(data: dict[str, Any], png: str) -> list[str]:
     ]
     waits = ["RecvActivation", "RecvGrad", "SendActivation", "SendGrad"]
     wait_rows = [
-        [str(case["micro_batches"]), case.get("send_recv", "gloo")]
+        [str(case["micro_batches"]), case["send_recv"]]
         + [" / ".join(_f(ms, ".1f") for ms in case["instruction_ms"].get(w, [])) for w in waits]
         for case in data["cases"]
     ]
