@@ -120,6 +120,20 @@ def test_settings_become_native_variants_with_their_spec() -> None:
         parse_setting("horovod.cycle_time_ms")
 
 
+def test_toolkit_settings_become_toolkit_variants_with_their_spec() -> None:
+    native, toolkit = variants_for(
+        vs_defaults=False,
+        patches=[],
+        candidates=[],
+        settings=["ddp.bucket_cap_mb=4"],
+        toolkit_settings=["ddp.bucket_cap_mb=4"],
+    )[3:]
+    assert (native.label, native.kind) == ("native@ddp.bucket_cap_mb=4", "native")
+    assert (toolkit.label, toolkit.kind) == ("toolkit@ddp.bucket_cap_mb=4", "toolkit")
+    case = next(c for c in cases.CASES if c.name.startswith("ddp"))
+    assert case_spec(TrainSpec(), case, toolkit.setting).ddp.bucket_cap_mb == 4
+
+
 def test_deepspeed_native_gets_the_toolkits_config(tmp_path: Path) -> None:
     zero2 = next(c for c in cases.CASES if c.name.startswith("zero2"))
     spec = case_spec(TrainSpec(), zero2)

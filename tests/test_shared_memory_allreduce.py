@@ -144,10 +144,13 @@ SIZES = (1, 7, SLOT_BYTES // 4 - 1, SLOT_BYTES // 4 + 13, 3 * SLOT_BYTES // 4 + 
 DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 
 
+def _generator(rank: int, size: int) -> torch.Generator:
+    return torch.Generator().manual_seed(1000 * rank + size)
+
+
 def _values(rank: int, size: int, dtype: torch.dtype) -> torch.Tensor:
     """Each rank's own values of one case."""
-    generator = torch.Generator().manual_seed(1000 * rank + size)
-    return torch.randn(size, generator=generator, dtype=torch.float64).to(dtype)
+    return torch.randn(size, generator=_generator(rank, size), dtype=torch.float64).to(dtype)
 
 
 def _compare_with_gloo(rank: int, world: int, port: int, results: Path) -> None:
@@ -174,8 +177,13 @@ def _compare_with_gloo(rank: int, world: int, port: int, results: Path) -> None:
             transport.all_gather_into_(our_gather, mine)
             gathers = torch.equal(our_gather, gloo_gather)
             scatters = _reduce_scatters_as_gloo(transport, rank, world, size, dtype)
+            # run.allreduce's plain sum, of integers too: exact in any order, so Gloo's
+            counts = torch.randint(-(2**40), 2**40, (size,), generator=_generator(rank, size))
+            gloo_counts = counts.clone()
+            dist.all_reduce(gloo_counts)
+            sums = torch.equal(transport.sum_(counts), gloo_counts)
             lines.append(
-                f"{dtype} {size} {same_on_every_rank} {bitwise} {close} {gathers} {scatters}"
+                f"{dtype} {size} {same_on_every_rank} {bitwise} {close} {gathers} {scatters} {sums}"
             )
     (results / f"rank{rank}.txt").write_text("\n".join(lines))
     dist.destroy_process_group()
@@ -218,8 +226,9 @@ def test_sums_gathers_and_scatters_match_gloo_and_every_rank_reads_the_same(
     for rank in range(world):
         rows = [line.split() for line in (tmp_path / f"rank{rank}.txt").read_text().splitlines()]
         assert len(rows) == len(SIZES) * len(DTYPES)
-        for dtype, size, same, bitwise, close, gathers, scatters in rows:
+        for dtype, size, same, bitwise, close, gathers, scatters, sums in rows:
             assert gathers == "True", f"not Gloo's gather: {dtype} x {size}"
+            assert sums == "True", f"not Gloo's integer sum: {size}"
             # ZeRO-3's reduce-scatter: Gloo's bits for 2 ranks, its sums to rounding for more
             assert scatters == "bits" or (world > 2 and scatters == "close"), (dtype, size)
             assert same == "True", f"ranks disagree: {dtype} x {size}"

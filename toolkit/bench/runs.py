@@ -31,6 +31,8 @@ def _step_command(args: argparse.Namespace) -> str:
         words += [f"--candidate={flag}"]
     for text in args.setting:
         words += ["--setting", text]
+    for text in args.toolkit_setting:
+        words += ["--toolkit-setting", text]
     if args.layers:
         words += ["--layers", ",".join(map(str, args.layers))]
     if args.micro:
@@ -79,17 +81,19 @@ def run_step(args: argparse.Namespace) -> int:
         patches=patches,
         candidates=args.candidate,
         settings=args.setting,
+        toolkit_settings=args.toolkit_setting,
         floor=args.floor,
     )
     context = record.machine()
     out = Path(args.out)
     runner = StepBench
     if args.in_process:
-        if args.candidate or args.setting or args.vs_defaults or args.floor:
+        launch_only = (args.candidate, args.setting, args.toolkit_setting)
+        if any(launch_only) or args.vs_defaults or args.floor:
             raise ToolkitError(
                 "--in-process compares native and toolkit steps (and --patch variants) in the "
-                "same processes; --candidate, --setting, --vs-defaults and --floor compare "
-                "launches",
+                "same processes; --candidate, --setting, --toolkit-setting, --vs-defaults and "
+                "--floor compare launches",
                 "run those without --in-process",
             )
         from toolkit.bench.inprocess import InProcessBench

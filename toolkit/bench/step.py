@@ -10,6 +10,8 @@ variant always runs first or last while other jobs come and go:
 - `toolkit`: the same step through `toolkit.init`/`run.train_step`, the same plan.
 - `native-again`: native once more, for the A/A noise floor (native / native in the same run).
 - `toolkit+PATCH` (with --patch) and `native+FLAG` (with --candidate): one candidate cost each.
+- `native@PATH=VALUE` and `toolkit@PATH=VALUE` (with --setting and --toolkit-setting): the
+  native or the toolkit's step under another spec setting, to weigh a default side by side.
 - `floor` (with --floor): the physical floor, every rank's compute alone with no engine, then
   its gradient bytes moved once at memory speed (toolkit/bench/native/_floor.py), under the same
   launcher; `toolkit / floor` is how far the toolkit's step is from what the machine allows.
@@ -53,8 +55,8 @@ class Variant:
     extra: tuple[str, ...] = ()
     """--patch NAME for toolkit, candidate flags for native."""
     setting: dict[str, Any] = field(default_factory=dict)
-    """Spec fields over the case's (--setting PATH=VALUE): the native script under another
-    setting of the toolkit's, to compare settings side by side."""
+    """Spec fields over the case's (--setting or --toolkit-setting PATH=VALUE): the native
+    script or the toolkit's step under another setting, to compare settings side by side."""
 
 
 def _p10(values: list[float]) -> float:
@@ -176,11 +178,12 @@ def variants_for(
     patches: list[str],
     candidates: list[str],
     settings: Sequence[str] = (),
+    toolkit_settings: Sequence[str] = (),
     floor: bool = False,
 ) -> list[Variant]:
     """native first (every ratio's denominator), toolkit, native again (A/A); with vs_defaults
     the engine at its own defaults too, with floor the physical floor; then one variant per
-    patch, candidate flag and setting."""
+    patch, candidate flag, native setting and toolkit setting."""
     found = [Variant("native", "native"), Variant("toolkit", "toolkit")]
     found.append(Variant("native-again", "native"))
     if vs_defaults:
@@ -190,6 +193,9 @@ def variants_for(
     found += [Variant(f"toolkit+{p}", "toolkit", ("--patch", p)) for p in patches]
     found += [Variant(f"native+{flag.lstrip('-')}", "native", (flag,)) for flag in candidates]
     found += [Variant(f"native@{text}", "native", (), parse_setting(text)) for text in settings]
+    found += [
+        Variant(f"toolkit@{text}", "toolkit", (), parse_setting(text)) for text in toolkit_settings
+    ]
     return found
 
 
@@ -265,7 +271,7 @@ class StepBench:
                 if "error" in record:
                     result.errors.append(f"rep {rep} {variant.label}: {record['error']}")
                     continue
-                if variant.kind == "toolkit" and not variant.extra:
+                if variant.label == "toolkit":
                     result.loader_ms.append(stats.median(record.get("loader_s", [])) * 1e3)
                 if variant.kind == "floor":
                     result.add_floor_parts(record)

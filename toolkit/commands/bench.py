@@ -122,6 +122,13 @@ def register(subparsers: Any) -> None:
         metavar="PATH=VALUE",
         help="add native@PATH=VALUE: the native step under another spec setting",
     )
+    step.add_argument(
+        "--toolkit-setting",
+        action="append",
+        default=[],
+        metavar="PATH=VALUE",
+        help="add toolkit@PATH=VALUE: the toolkit's step under another spec setting",
+    )
     step.add_argument("--layers", type=_layers, default=None, help="MLP widths (default issue's)")
     step.add_argument("--micro", type=_positive, default=None, help="samples per rank per step")
     step.add_argument("--out", default=DEFAULT_OUT, help="where NAME.json and NAME.png go")
