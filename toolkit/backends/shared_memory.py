@@ -30,10 +30,11 @@ more, the order of the additions differs from Gloo's ring, which changes the rou
 
 A rank's own share never goes through the segment on its way in, and its sums are made in its
 bucket and then copied out, not made in the segment and copied back: fewer passes over the
-segment. A 25 MiB mean over 2 ranks took 0.87-0.90 of the time it took when every share went
-through the segment (3 launches of 57 calls each way, alternating in the same 2 processes,
-2026-11-27); making the sums in the segment instead kept a third to a half of that gain, although it
-moves as many bytes: here a pass over the segment costs more than one over a bucket.
+segment. A 25 MiB mean over 2 ranks took 0.87-1.04 (median 0.91) of the time it took when every
+share went through the segment (8 launches of 57 calls each way, alternating in the same 2
+processes, 2026-11-27; docs/bench/findings.md). Making the sums in the segment instead kept a
+third to a half of that gain, although it moves as many bytes: here a pass over the segment
+costs more than one over a bucket.
 Summing the own term in with `torch.add(..., alpha=1/world)` would save the in-place division
 too, but torch fuses that into one rounding (an FMA), which differs from Gloo's two on gradients
 below 2**-125; the in-place division keeps the bits.
