@@ -253,9 +253,9 @@ class SharedMemoryCollectives:
         return output
 
     def _write_chunk(self, piece: torch.Tensor, kind: str) -> torch.Tensor:
-        """Write this rank's piece of a chunk (a 1-D range, or a reduce-scatter's `world`
-        ranges) of the collective `kind` into its slot of the chunk's set, wait for every
-        rank's, and return the set's slots holding them, one row per rank."""
+        """Write this rank's whole piece of a chunk of the collective `kind` (the all-gather's)
+        into its slot of the chunk's set, wait for every rank's, and return the set's slots
+        holding them, one row per rank."""
         slots, slot_set = self._next_chunk(piece, kind)
         slots[self.rank].view(piece.shape).copy_(piece)
         self._arrive(slot_set)
