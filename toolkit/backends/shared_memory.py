@@ -82,7 +82,7 @@ import platform
 import socket
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Literal
 
 import numpy as np
@@ -247,9 +247,7 @@ class SharedMemoryCollectives:
             if own.data_ptr() != piece[self.rank].data_ptr():
                 own.copy_(piece[self.rank])
             every_slot = slots.view(self.world_size, self.world_size, -1)
-            for owner, slot in enumerate(every_slot):
-                if owner != self.rank:
-                    own.add_(slot[self.rank])
+            self._add_peers_(own, every_slot[:, self.rank])
         return output
 
     def _write_chunk(self, piece: torch.Tensor, kind: str) -> torch.Tensor:
@@ -297,15 +295,21 @@ class SharedMemoryCollectives:
         own = part[low:high]
         _divide(own, divide_by, out=own)
         self._arrive(slot_set)
-        for owner, row in enumerate(slots):
-            if owner != self.rank:
-                own.add_(row[low:high])
+        self._add_peers_(own, (row[low:high] for row in slots))
         mine[low:high].copy_(own)
         self._barrier()
         for owner, row in enumerate(slots):
             if owner != self.rank:
                 share = slice(bounds[owner], bounds[owner + 1])
                 part[share].copy_(row[share])
+
+    def _add_peers_(self, own: torch.Tensor, terms: Iterable[torch.Tensor]) -> None:
+        """Add the peers' terms (`terms` has one per rank, in slot order) to `own`, which holds
+        this rank's: the one order of additions every sum here uses, this rank's term first,
+        then its peers' in slot order. With 2 ranks that is a + b either way, Gloo's bits."""
+        for owner, term in enumerate(terms):
+            if owner != self.rank:
+                own.add_(term)
 
     def _barrier(self) -> None:
         self.generation += 1
