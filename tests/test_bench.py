@@ -464,6 +464,21 @@ def test_between_launches_takes_each_launchs_median_cycle_ratio() -> None:
     assert result.to_json()["launch_ratio_to_baseline"]["toolkit"]["median"] == pytest.approx(1.1)
 
 
+def test_toolkit_over_a_variant_is_taken_launch_by_launch_too() -> None:
+    result = CaseResult(
+        "ddp", {}, ["native", "toolkit", "floor"], figures={"median": {}, "cpu": {}}
+    )
+    result.extend("native", [0.1] * 4, [0.1] * 4)
+    result.extend("toolkit", [0.12, 0.12, 0.13, 0.15], [0.1] * 4)
+    result.extend("floor", [0.1, 0.1, 0.1, 0.1], [0.1] * 4)
+    result.launch_cycles = [2, 2]
+    assert result.launch_ratios("toolkit", over="floor") == pytest.approx([1.2, 1.4])
+    assert result.to_json()["launch_toolkit_over_floor"]["n"] == 2
+    assert result.to_json()["toolkit_over_floor"]["n"] == 4
+    launch_by_launch = CaseResult("ddp", {}, ["native", "toolkit", "floor"])
+    assert launch_by_launch.to_json()["launch_toolkit_over_floor"] is None
+
+
 def test_a_ratio_is_resolved_only_over_enough_launches_that_agree() -> None:
     steady = _in_process_result([101.0, 101.1, 100.9, 101.0, 101.05] * 2, [2] * 5)
     assert resolved(steady, 0.01)

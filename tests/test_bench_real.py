@@ -39,22 +39,28 @@ def test_bench_step_tiny(tmp_path: Path, no_orphans: None) -> None:
     assert (out / "step.png").read_bytes()[:8] == PNG_SIGNATURE
 
 
-def test_bench_step_in_process_tiny(tmp_path: Path, no_orphans: None) -> None:
+@pytest.mark.parametrize("backend", ["ddp", "tf"])  # the floor's model in plain torch, plain TF
+def test_bench_step_in_process_tiny(tmp_path: Path, no_orphans: None, backend: str) -> None:
     spec = tmp_path / "spec.yaml"
-    spec.write_text("backend: ddp\n")
+    spec.write_text(f"backend: {backend}\n")
     out = tmp_path / "out"
     argv = ["bench", "step", "--spec", str(spec), "--in-process", "--reps", "1", "--steps", "2"]
     argv += ["--warmup", "1", "--layers", "16,8,4", "--micro", "4", "--out", str(out)]
     # No 2 launches resolve a ratio to a millionth: --resolve adds one launch past --reps, and
     # --max-reps stops it there.
-    argv += ["--resolve", "0.000001", "--max-reps", "2"]
+    argv += ["--resolve", "0.000001", "--max-reps", "2", "--floor"]
     assert main(argv) == 0
     (case,) = json.loads((out / "step.json").read_text())["cases"]
     assert case["errors"] == []
-    assert {"native", "toolkit", "native-again", "toolkit+global-loss"} <= set(case["median_ms"])
+    variants = {"native", "toolkit", "native-again", "toolkit+global-loss", "floor"}
+    assert set(case["median_ms"]) == variants
     assert all(math.isfinite(ms) and ms > 0 for ms in case["median_ms"].values())
     between = case["launch_ratio_to_baseline"]["toolkit"]
     assert between["n"] == 2 and math.isfinite(between["median"])
+    assert case["toolkit_over_floor"]["n"] == len(case["ms"]["median"]["toolkit"])  # cycles
+    assert case["launch_toolkit_over_floor"]["n"] == 2
+    assert math.isfinite(case["launch_toolkit_over_floor"]["median"])
+    assert all(ms > 0 for ms in case["floor_parts_ms"].values())
 
 
 def test_bench_allreduce_tiny(tmp_path: Path, no_orphans: None) -> None:

@@ -10,6 +10,11 @@ With `resolve` set, a case keeps launching past `reps` until the interval over l
 toolkit / native lies within ±resolve of its median (at least `MIN_LAUNCHES_TO_RESOLVE`
 launches, at most `max_reps`): on a shared 2-core machine, 3 launches resolved a few percent,
 and the issue asks whether the adapter costs 1%.
+
+With the `floor` variant (--floor) each launch also alternates the physical floor's step
+(native/_floor_parts.py), so toolkit / floor is taken cycle by cycle as well: launch by launch,
+this machine's spread put that ratio's interval at ±5-20%. A pipeline case has no in-process
+floor (each of its ranks holds one stage), and runs without it.
 """
 
 from __future__ import annotations
@@ -20,7 +25,14 @@ from typing import Any
 
 from toolkit.bench.cases import StepCase
 from toolkit.bench.launching import failure, launch_with_spec
-from toolkit.bench.step import LAUNCH_TIMEOUT_S, CaseResult, StepBench, Variant, case_spec
+from toolkit.bench.step import (
+    LAUNCH_TIMEOUT_S,
+    CaseResult,
+    StepBench,
+    Variant,
+    case_spec,
+    pipeline_stages,
+)
 
 RANK_PROGRAM = str(Path(__file__).parent / "ranks" / "inprocess_step.py")
 DEFAULT_PATCHES = ("global-loss",)
@@ -56,6 +68,10 @@ class InProcessBench(StepBench):
         return not resolved(result, self.resolve)
 
     def run_case(self, case: StepCase, variants: list[Variant], reps: int) -> CaseResult:
+        has_floor = any(variant.kind == "floor" for variant in variants)
+        if has_floor and (pipeline_stages(case.spec) > 1 or case.workload.micro_batches != 1):
+            self.log(f"  {case.name}: no in-process floor for a pipeline; running without it")
+            variants, has_floor = [v for v in variants if v.kind != "floor"], False
         labels = [variant.label for variant in variants]
         patches = [p for v in variants if v.extra[:1] == ("--patch",) for p in v.extra[1:]]
         result = CaseResult(case.name, case.spec, labels, figures={"median": {}, "cpu": {}})
@@ -69,6 +85,7 @@ class InProcessBench(StepBench):
             spec = case_spec(self.user, case)
             args = case.workload.arguments(steps=self.steps, warmup=self.warmup)
             args += [word for name in patches for word in ("--patch", name)]
+            args += ["--floor"] if has_floor else []
             outcome = launch_with_spec(
                 spec, directory, RANK_PROGRAM, [*args, "--out", str(out)], timeout=LAUNCH_TIMEOUT_S
             )
@@ -81,6 +98,8 @@ class InProcessBench(StepBench):
             for label in labels:
                 result.extend(label, record["step_s"][label], record["cpu_s"][label])
             result.launch_cycles.append(len(record["step_s"][labels[0]]))
+            if has_floor:
+                result.add_floor_parts(record)
             medians = result.to_json()["median_ms"]
             between = result.between_launches()["toolkit"]
             self.log(

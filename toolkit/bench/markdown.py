@@ -102,11 +102,16 @@ def step_section(data: dict[str, Any], title: str, png: str) -> list[str]:
         if not any(case.get(key) for case in data["cases"]):
             continue
         lines.append(f"The same ratios from {words}:")
+        head = ["case", *(f"{x} / native" for x in labels[1:])]
         rows = [
             [case["case"], *(_ratio(case[key].get(label)) for label in labels[1:])]
             for case in data["cases"]
         ]
-        lines += ["", *_table(["case", *(f"{x} / native" for x in labels[1:])], rows), ""]
+        if key == "launch_ratio_to_baseline" and has_floor:
+            head.append("toolkit / floor")
+            for row, case in zip(rows, data["cases"], strict=True):
+                row.append(_ratio(case.get("launch_toolkit_over_floor")))
+        lines += ["", *_table(head, rows), ""]
     errors = [
         f"- {case['case']}: {e.splitlines()[0]}" for case in data["cases"] for e in case["errors"]
     ]

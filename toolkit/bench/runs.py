@@ -89,11 +89,11 @@ def run_step(args: argparse.Namespace) -> int:
     runner = StepBench
     if args.in_process:
         launch_only = (args.candidate, args.setting, args.toolkit_setting)
-        if any(launch_only) or args.vs_defaults or args.floor:
+        if any(launch_only) or args.vs_defaults:
             raise ToolkitError(
-                "--in-process compares native and toolkit steps (and --patch variants) in the "
-                "same processes; --candidate, --setting, --toolkit-setting, --vs-defaults and "
-                "--floor compare launches",
+                "--in-process compares native and toolkit steps (and --patch and --floor "
+                "variants) in the same processes; --candidate, --setting, --toolkit-setting "
+                "and --vs-defaults compare launches",
                 "run those without --in-process",
             )
         from toolkit.bench.inprocess import InProcessBench

@@ -118,9 +118,11 @@ class CaseResult:
         base = ms[over or self.baseline]
         return {label: stats.spread(stats.ratios(ms[label], base)) for label in self.variants[1:]}
 
-    def launch_ratios(self, label: str) -> list[float]:
-        """In-process: each launch's median over its cycles of `label` / the baseline."""
-        cycles = stats.ratios(self.figures["median"][label], self.figures["median"][self.baseline])
+    def launch_ratios(self, label: str, over: str | None = None) -> list[float]:
+        """In-process: each launch's median over its cycles of `label` / `over` (the
+        baseline unless named)."""
+        ms = self.figures["median"]
+        cycles = stats.ratios(ms[label], ms[over or self.baseline])
         found, start = [], 0
         for count in self.launch_cycles:
             found.append(stats.median(cycles[start : start + count]))
@@ -141,10 +143,17 @@ class CaseResult:
             self.floor_parts_ms.setdefault(part, []).append(stats.median(seconds) * 1e3)
 
     def toolkit_over(self, label: str) -> dict[str, Any] | None:
-        """toolkit / `label` launch by launch, when that variant ran."""
+        """toolkit / `label` launch by launch (in-process: cycle by cycle), when that variant
+        ran."""
         if label not in self.variants:
             return None
         return self.ratios("median", over=label)["toolkit"].to_json()
+
+    def launch_toolkit_over(self, label: str) -> dict[str, Any] | None:
+        """In-process: toolkit / `label` with its spread over launches, when that variant ran."""
+        if label not in self.variants or not self.launch_cycles:
+            return None
+        return stats.spread(self.launch_ratios("toolkit", over=label)).to_json()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -165,6 +174,7 @@ class CaseResult:
             },
             "toolkit_over_defaults": self.toolkit_over("defaults"),
             "toolkit_over_floor": self.toolkit_over("floor"),
+            "launch_toolkit_over_floor": self.launch_toolkit_over("floor"),
             "floor_parts_ms": {part: stats.median(ms) for part, ms in self.floor_parts_ms.items()},
             "toolkit_loader_ms": stats.median(self.loader_ms),
             "settings": self.settings,
@@ -219,7 +229,7 @@ def case_spec(user: TrainSpec, case: StepCase, setting: dict[str, Any] | None = 
     """The user's spec, the case's engine, a variant's setting, the workload pinned, fresh
     ports, this machine."""
     data = merge(user.to_dict(), case.spec, setting or {})
-    data = merge(data, case.workload.spec_fields(case.workload.ranks // _stages(data)))
+    data = merge(data, case.workload.spec_fields(case.workload.ranks // pipeline_stages(data)))
     data = merge(
         data,
         {
@@ -230,7 +240,8 @@ def case_spec(user: TrainSpec, case: StepCase, setting: dict[str, Any] | None = 
     return TrainSpec.from_dict(data)
 
 
-def _stages(data: dict[str, Any]) -> int:
+def pipeline_stages(data: dict[str, Any]) -> int:
+    """The pipeline stages a spec's data asks for (1 without a pipeline)."""
     return int(data.get("pipeline", {}).get("stages") or 1)
 
 

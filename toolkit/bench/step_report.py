@@ -41,15 +41,18 @@ def table(data: dict[str, Any]) -> str:
                 f"{name:32} {label:26} {_fmt(ms, '.1f'):>8} {cells} {p10:>8} {p10_ratio:>10}"
                 f" {cpu:>10}"
             )
-        for other in ("defaults", "floor"):
-            over = case.get(f"toolkit_over_{other}")
+        for key, words in (
+            ("toolkit_over_defaults", "toolkit / defaults"),
+            ("toolkit_over_floor", "toolkit / floor"),
+            ("launch_toolkit_over_floor", "toolkit / floor, launches"),
+        ):
+            over = case.get(key)
             if not over:
                 continue
             ci = f"[{_fmt(over['ci_low'], '.3f')}, {_fmt(over['ci_high'], '.3f')}]"
             span = f"{_fmt(over['low'], '.3f')}..{_fmt(over['high'], '.3f')}"
             lines.append(
-                f"{'':32} {'toolkit / ' + other:26} {'':>8} {_fmt(over['median'], '.3f'):>10} "
-                f"{ci:>20} {span:>14}"
+                f"{'':32} {words:26} {'':>8} {_fmt(over['median'], '.3f'):>10} {ci:>20} {span:>14}"
             )
         parts = case.get("floor_parts_ms")
         if parts:

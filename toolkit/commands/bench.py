@@ -89,7 +89,8 @@ def register(subparsers: Any) -> None:
         "--floor",
         action="store_true",
         help="also run the physical floor: each rank's compute with no engine, then its "
-        "gradient bytes moved once at memory speed (toolkit / floor)",
+        "gradient bytes moved once at memory speed (toolkit / floor; with --in-process, step "
+        "by step in the same processes)",
     )
     step.add_argument(
         "--in-process",

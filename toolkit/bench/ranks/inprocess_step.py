@@ -7,8 +7,10 @@ After `toolkit.init` and `run.prepare`, the variants' steps interleave in an ord
 every variant follows every other one equally often (toolkit.bench.ordering: a step inherits
 its predecessor's state, the ranks' skew among it): `native` (ranks/native_steps.py: the
 engine's documented step on the objects the toolkit built), `toolkit` (`run.train_step`),
-`native-again` (A/A) and one `toolkit+PATCH` per `--patch` (train_step inside that candidate
-fix, toolkit.bench.patches; "a+b" combines patches). Steps of different variants are
+`native-again` (A/A), one `toolkit+PATCH` per `--patch` (train_step inside that candidate
+fix, toolkit.bench.patches; "a+b" combines patches) and, with `--floor`, `floor`: the physical
+floor's step (native/_floor_parts.py), a plain model of the framework's own on this rank's
+batch with no engine, then its gradient bytes copied once. Steps of different variants are
 then milliseconds apart, so another job's burst reaches them alike, which launch-to-launch
 comparison cannot offer on a shared machine. What this cannot see is how the engine was set up
 (its config, threads, launcher): the launch-level comparison measures that.
@@ -22,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from toolkit.bench.native import _bench
+from toolkit.bench.native._floor_parts import COMPUTE, FloorStep
 from toolkit.bench.ordering import carryover_balanced
 from toolkit.bench.patches import applied
 from toolkit.bench.ranks._toolkit_job import start_toolkit, synthetic
@@ -43,10 +46,30 @@ def patched_step(run: Any, loss_fn: Any, names: str) -> Callable[[Any], Any]:
     return step
 
 
+def floor_variant(framework: str, args: Any, steps: list[list[Any]]) -> tuple[FloorStep, list[Any]]:
+    """The floor's step and its inputs: each loader step's one micro-batch as the framework's
+    tensors. Its model is built outside the toolkit's scope (a TF strategy's included), so no
+    engine sees it."""
+    if any(len(micro_batches) != 1 for micro_batches in steps):
+        raise SystemExit("--floor: the in-process floor takes one micro-batch per step")
+    if framework == "torch":
+        import torch
+
+        to_tensor: Callable[[Any], Any] = torch.as_tensor
+    else:
+        import tensorflow as tf
+
+        to_tensor = tf.constant
+    step = FloorStep(*COMPUTE[framework](_bench.widths(args), args.lr, args.momentum))
+    inputs = [tuple(to_tensor(array) for array in micro_batches[0]) for micro_batches in steps]
+    return step, inputs
+
+
 def main() -> int:
     parser = _bench.parser(__doc__ or "")
     parser.add_argument("--spec", required=True)
     parser.add_argument("--patch", action="append", default=[], help="patches.PATCHES names")
+    parser.add_argument("--floor", action="store_true", help="add the physical floor's step")
     args = _bench.parse(parser)
     spec, run = start_toolkit(args.spec)
     framework = spec.framework_name
@@ -69,6 +92,9 @@ def main() -> int:
     }
     for names in args.patch:
         variants[f"toolkit+{names}"] = (patched_step(run, loss_fn, names), steps)
+    floor = floor_variant(framework, args, steps) if args.floor else None
+    if floor is not None:
+        variants["floor"] = floor
     clocks = {name: _bench.Clock() for name in variants}
     names = list(variants)
     order = [names[index] for index in carryover_balanced(len(names))]
@@ -87,6 +113,9 @@ def main() -> int:
             "cpu_s": {name: clock.cpu for name, clock in clocks.items()},
             "world": run.world_size,
         }
+        if floor is not None:
+            record["compute_s"] = floor[0].compute_seconds[args.warmup :]
+            record["move_s"] = floor[0].move.seconds[args.warmup :]
         _bench.write_record(args.out, record)
     run.shutdown()
     return 0
