@@ -60,6 +60,24 @@ def test_an_unset_cycle_time_follows_the_controller(
     assert horovod.config_file(spec)["params"]["cycle_time_ms"] == float(cycle)
 
 
+@pytest.mark.parametrize(
+    ("horovod_section", "launcher", "value"),
+    [
+        ({}, "mpirun", "1"),  # yield by default under the MPI controller
+        ({"mpi_yield_when_idle": False}, "mpirun", "0"),  # Open MPI's own, written out
+        ({"controller": "mpi"}, "horovodrun", "1"),
+        ({}, "horovodrun", None),  # the Gloo controller waits in no MPI call
+    ],
+)
+def test_open_mpi_yields_under_the_mpi_controller(
+    horovod_section: dict[str, object], launcher: str, value: str | None
+) -> None:
+    spec = TrainSpec.from_dict(
+        {"backend": "horovod", "horovod": horovod_section, "launch": {"launcher": launcher}}
+    )
+    assert horovod.environment(spec).get("OMPI_MCA_mpi_yield_when_idle") == value
+
+
 def test_optimizer_options_carry_compression_op_and_accumulation() -> None:
     assert horovod.optimizer_options(SPEC) == {
         "compression": "Compression.fp16",

@@ -38,7 +38,16 @@ def config_file(spec: TrainSpec) -> dict[str, Any]:
 
 def environment(spec: TrainSpec, controller: Controller | None = None) -> dict[str, str]:
     """HOROVOD_* variables with the same settings, for ranks started without horovodrun; with
-    `controller`, for ranks a launcher started for that controller, whatever the spec says."""
+    `controller`, for ranks a launcher started for that controller, whatever the spec says.
+
+    Under the MPI controller also Open MPI's `mpi_yield_when_idle`, which every launcher passes
+    on (Open MPI reads OMPI_MCA_* from a rank's environment, and mpirun, horovodrun's too,
+    forwards its own). Finding (`toolkit bench step --in-process --floor`, docs/bench): with 2
+    ranks on 2 cores and Open MPI's default, an idle Horovod rank used 0.87-0.99 of a core
+    (one of the two ranks' background threads spins in the cycle's negotiation until the other
+    joins), and the floor's plain compute in a Horovod-over-MPI process took 1.5-1.6 times as
+    long as in a DDP one. Yielding lets the compute thread have the core; the sums are the same.
+    """
     hvd = spec.horovod if controller is None else spec.horovod.running(controller)
     env = {
         "HOROVOD_CONTROLLER": hvd.controller,
@@ -49,6 +58,8 @@ def environment(spec: TrainSpec, controller: Controller | None = None) -> dict[s
         "HOROVOD_HIERARCHICAL_ALLREDUCE": str(int(hvd.hierarchical_allreduce)),
         "HOROVOD_HIERARCHICAL_ALLGATHER": str(int(hvd.hierarchical_allgather)),
     }
+    if hvd.controller == "mpi":
+        env["OMPI_MCA_mpi_yield_when_idle"] = str(int(hvd.mpi_yield_when_idle))
     if hvd.autotune:
         env["HOROVOD_AUTOTUNE"] = "1"
     if hvd.timeline:

@@ -352,6 +352,13 @@ class HorovodSpec(Section):
         description="Milliseconds between fusion cycles; null = 5 under the Gloo controller, "
         "1 (Horovod's own) under MPI.",
     )
+    mpi_yield_when_idle: bool = Field(
+        default=True,
+        description="Under the MPI controller, let Open MPI's waits give the core away "
+        "(OMPI_MCA_mpi_yield_when_idle); Open MPI's own default yields only when a host has "
+        "more ranks than slots. Horovod's background thread waits in MPI every cycle, and "
+        "without it spins a core the rank's compute needs.",
+    )
     cache_capacity: int = Field(
         default=1024, ge=0, description="Response cache entries; 0 disables the cache."
     )
