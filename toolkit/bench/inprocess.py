@@ -12,9 +12,14 @@ launches, at most `max_reps`): on a shared 2-core machine, 3 launches resolved a
 and the issue asks whether the adapter costs 1%.
 
 With the `floor` variant (--floor) each launch also alternates the physical floor's step
-(native/_floor_parts.py), so toolkit / floor is taken cycle by cycle as well: launch by launch,
-this machine's spread put that ratio's interval at ±5-20%. A pipeline case has no in-process
-floor (each of its ranks holds one stage), and runs without it.
+(native/_floor_parts.py), and toolkit / floor is taken over cycles and over launches. Its
+interval came out no narrower than launch by launch (a floor step talks to no peer, a DDP step
+does, so the cycle ratios spread wide), but the floor then runs beside the engine's own
+threads: in a Horovod-over-MPI process its plain compute took 1.5-1.6 times as long as beside
+DDP, which is how Horovod's spinning background thread was found (docs/bench/findings.md). So
+for an engine whose threads take CPU while idle it is not the machine's floor; the
+launch-by-launch floor is. A pipeline case has no in-process floor (each of its ranks holds one
+stage), and runs without it.
 """
 
 from __future__ import annotations
