@@ -28,7 +28,7 @@ from toolkit.bench.native._floor_parts import COMPUTE, FloorStep
 from toolkit.bench.ordering import carryover_balanced
 from toolkit.bench.patches import applied
 from toolkit.bench.ranks._toolkit_job import start_toolkit, synthetic
-from toolkit.bench.ranks.native_steps import BUILDERS
+from toolkit.bench.ranks.native_steps import BUILDERS, only_batch_tensors
 from toolkit.bench.ranks.toolkit_step import build_model
 
 
@@ -52,17 +52,8 @@ def floor_variant(framework: str, args: Any, steps: list[list[Any]]) -> tuple[Fl
     engine sees it."""
     if any(len(micro_batches) != 1 for micro_batches in steps):
         raise SystemExit("--floor: the in-process floor takes one micro-batch per step")
-    if framework == "torch":
-        import torch
-
-        to_tensor: Callable[[Any], Any] = torch.as_tensor
-    else:
-        import tensorflow as tf
-
-        to_tensor = tf.constant
     step = FloorStep(*COMPUTE[framework](_bench.widths(args), args.lr, args.momentum))
-    inputs = [tuple(to_tensor(array) for array in micro_batches[0]) for micro_batches in steps]
-    return step, inputs
+    return step, [only_batch_tensors(framework, micro_batches) for micro_batches in steps]
 
 
 def main() -> int:

@@ -70,6 +70,15 @@ def _tf_inputs(micro_batches: list[Any]) -> Any:
     return tf.constant(inputs), tf.constant(labels)
 
 
+def only_batch_tensors(framework: str, micro_batches: list[Any]) -> tuple[Any, Any]:
+    """A loader step's one micro-batch as the framework's tensors (the floor's input, built as
+    the native steps build theirs)."""
+    if framework == "torch":
+        (batch,) = _torch_inputs(micro_batches)
+        return batch
+    return _tf_inputs(micro_batches)
+
+
 def mwms_step(run: Any, loss_fn: Any, lr: float, momentum: float) -> tuple[Step, Any]:
     """The custom-training-loop tutorial's step: strategy.run with compute_average_loss over the
     global batch, Keras SGD, the loss reduced with strategy.reduce."""
