@@ -100,7 +100,7 @@ def test_two_hosts_train_to_the_reference_weights(
         del launch["ssh"]["config_file"]
         monkeypatch.setenv("PATH", ssh_cluster.env()["PATH"])
     case = dataclasses.replace(case, spec=merge(case.spec, {"launch": launch}))
-    outcome = harness.run_case(case, index=len(harness.references))
+    outcome = harness.run_case(case)
     assert outcome.status == "pass", outcome
 
 

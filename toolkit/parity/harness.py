@@ -2,8 +2,10 @@
 
 Each case's spec is written to a file, its launch plan rendered exactly as `toolkit launch` would
 and started under the supervisor; the single-process reference of the same framework, global
-batch, optimizer and learning rate runs once per distinct setting and is reused. No engine is
-imported here: engines run only inside the launched workers.
+batch, optimizer and learning rate runs once per distinct setting and is reused, and so is an
+engine run that two cases share (cases that differ only in their reference, as the one that
+proves the check can fail). No engine is imported here: engines run only inside the launched
+workers.
 """
 
 from __future__ import annotations
@@ -108,6 +110,7 @@ class Harness:
         self.work_dir = work_dir
         self.steps = steps
         self.references: dict[str, Path] = {}
+        self.engine_runs: dict[str, Path] = {}
 
     def _worker_args(self, spec_file: Path, arch: str, out: Path) -> list[str]:
         return [
@@ -153,15 +156,14 @@ class Harness:
             self.references[key] = directory
         return read_run(self.references[key])
 
-    def run_case(self, case: Case, index: int) -> Outcome:
-        directory = self.work_dir / f"case{index:02d}"
+    def run_case(self, case: Case) -> Outcome:
         try:
             reference_data = merge(case.spec, case.reference_spec)
             reference = self.reference(case.reference_framework, case.arch, reference_data)
             if case.compare_to:
                 run = self.reference(case.compare_to, case.arch, reference_data)
             else:
-                run = self._run_engine(case, directory)
+                run = self._run_engine(case)
         except RuntimeError as error:
             return Outcome(case, "error", error=str(error))
         outcome = Outcome(
@@ -177,7 +179,14 @@ class Harness:
             outcome.status = "pass"
         return outcome
 
-    def _run_engine(self, case: Case, directory: Path) -> RunFiles:
+    def _run_engine(self, case: Case) -> RunFiles:
+        key = json.dumps([case.spec, case.arch, self.steps], sort_keys=True)
+        if key not in self.engine_runs:
+            directory = self.work_dir / f"case{len(self.engine_runs):02d}"
+            self.engine_runs[key] = self._launch_engine(case, directory)
+        return read_run(self.engine_runs[key])
+
+    def _launch_engine(self, case: Case, directory: Path) -> Path:
         spec_file = directory / "spec.json"
         # Fresh ports per case: back-to-back jobs on fixed ports can meet a socket of the last.
         ranks = TrainSpec.from_dict(case.spec).world_size
@@ -188,14 +197,14 @@ class Harness:
         result = execute(plan, spec, timeout=CASE_TIMEOUT_S, echo=False)
         if not result.ok:
             raise RuntimeError(result.report())
-        return read_run(out)
+        return out
 
     def run(
         self, cases: list[Case], on_done: Callable[[Outcome], None] | None = None
     ) -> list[Outcome]:
         outcomes = []
-        for index, case in enumerate(cases):
-            outcome = self.run_case(case, index)
+        for case in cases:
+            outcome = self.run_case(case)
             outcomes.append(outcome)
             if on_done:
                 on_done(outcome)
