@@ -22,10 +22,8 @@ def test_the_file_read_directly_is_load_digits_bit_for_bit() -> None:
 
 def test_the_split_is_shuffled_scaled_and_typed() -> None:
     split = digits()
-    assert split.x_train.shape == (TRAIN_SAMPLES, 64) and split.x_test.shape == (
-        1797 - TRAIN_SAMPLES,
-        64,
-    )
+    assert split.x_train.shape == (TRAIN_SAMPLES, 64)
+    assert split.x_test.shape == (1797 - TRAIN_SAMPLES, 64)
     assert split.x_train.dtype == np.float32 and split.y_train.dtype == np.int64
     assert split.x_train.min() >= 0.0 and split.x_train.max() == 1.0
     assert set(np.unique(split.y_test)) == set(range(10))
