@@ -10,6 +10,7 @@ workers.
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from collections.abc import Callable
@@ -111,6 +112,9 @@ class Harness:
         self.steps = steps
         self.references: dict[str, Path] = {}
         self.engine_runs: dict[str, Path] = {}
+        self._launches = itertools.count()
+        """Numbers every launch's directory, failed ones included: a launch after a failed one
+        never writes into, or reads, the failed one's files."""
 
     def _worker_args(self, spec_file: Path, arch: str, out: Path) -> list[str]:
         return [
@@ -139,9 +143,8 @@ class Harness:
         warmup-cosine cases then "failed" by 0.31 whenever a constant-rate case ran first)."""
         key = reference_key(framework, arch, self.steps, TrainSpec.from_dict(data))
         if key not in self.references:
-            directory = (
-                self.work_dir / "references" / f"ref{len(self.references)}-{framework}-{arch}"
-            )
+            name = f"ref{next(self._launches):02d}-{framework}-{arch}"
+            directory = self.work_dir / "references" / name
             spec_file = directory / "spec.json"
             self._write_spec(data, spec_file)
             argv = [
@@ -182,7 +185,7 @@ class Harness:
     def _run_engine(self, case: Case) -> RunFiles:
         key = json.dumps([case.spec, case.arch, self.steps], sort_keys=True)
         if key not in self.engine_runs:
-            directory = self.work_dir / f"case{len(self.engine_runs):02d}"
+            directory = self.work_dir / f"case{next(self._launches):02d}"
             self.engine_runs[key] = self._launch_engine(case, directory)
         return read_run(self.engine_runs[key])
 
