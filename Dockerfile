@@ -44,9 +44,10 @@ WORKDIR /opt/toolkit
 # Open MPI, CMake, torch, TF, DeepSpeed, mpi4py and Horovod (NCCL on cuda) exactly as CI installs
 # them, without the test cluster's packages (Slurm, munge). Only the setup scripts are copied
 # first, so a change to the toolkit's code does not rebuild this layer. When the build mounts a
-# Horovod wheel cache at $TOOLKIT_CACHE/wheels (scripts/build_image.sh does), setup.sh reuses
-# that wheel instead of compiling Horovod.
-COPY scripts/setup.sh scripts/build_horovod.sh /opt/toolkit/scripts/
+# wheel cache at $TOOLKIT_CACHE/wheels (scripts/build_image.sh does), setup.sh reuses its Horovod
+# and DeepSpeed wheels instead of compiling them.
+
+COPY scripts/setup.sh scripts/build_horovod.sh scripts/build_deepspeed.sh /opt/toolkit/scripts/
 RUN TOOLKIT_INSTALL_SELF=0 TOOLKIT_TEST_CLUSTER=0 \
     TORCH_VERSION=$TORCH_VERSION TF_VERSION=$TF_VERSION DEEPSPEED_VERSION=$DEEPSPEED_VERSION \
     MPI4PY_VERSION=$MPI4PY_VERSION HOROVOD_VERSION=$HOROVOD_VERSION bash scripts/setup.sh \

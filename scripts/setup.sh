@@ -87,35 +87,11 @@ pip_install "torch==$TORCH_VERSION"
 
 step "5/7 TensorFlow $TF_VERSION, DeepSpeed $DEEPSPEED_VERSION, mpi4py $MPI4PY_VERSION"
 if [ "$DEVICE" = cpu ]; then TF_PACKAGE="tensorflow-cpu==$TF_VERSION"; else TF_PACKAGE="tensorflow[and-cuda]==$TF_VERSION"; fi
-pip_install "$TF_PACKAGE" "mpi4py==$MPI4PY_VERSION" cloudpickle psutil pyyaml packaging
-# DeepSpeed's setup.py imports torch: without --no-build-isolation pip would fetch another torch
-# into the isolated build environment.
-pip_install --no-build-isolation "deepspeed==$DEEPSPEED_VERSION"
-# ZeRO-Offload's optimizer (DeepSpeedCPUAdam) is a C++ op DeepSpeed compiles on first use, into
-# ~/.cache/torch_extensions, holding a lock file. Compiled inside a job it outlasts the job's
-# timeouts (5.5 minutes on two busy cores, seen here), and a build killed with its job leaves
-# the lock behind, after which every later start waits on it forever. So it is built here,
-# once, while nothing else runs; when it is already built this only checks it (seconds).
-echo "DeepSpeed's CPU Adam op (ZeRO-Offload): building once, log in $LOG_DIR/cpu-adam-build.log"
-# Every op's lock, not only this one's: a DeepSpeed start outside the toolkit (a plain
-# deepspeed.initialize on CPU) builds its shm_comm op too, and a killed one left that lock.
-if ! pgrep -x ninja >/dev/null; then  # no build running: a lock left here is a dead build's
-  rm -f "${TORCH_EXTENSIONS_DIR:-$HOME/.cache/torch_extensions}"/*/*/lock
-fi
-"$VENV/bin/python" -c "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()" \
-  >"$LOG_DIR/cpu-adam-build.log" 2>&1 \
-  || { tail -n 20 "$LOG_DIR/cpu-adam-build.log" >&2; die "building DeepSpeed's CPU Adam op failed"; }
-# A plain deepspeed.initialize on the CPU accelerator also builds its shared-memory collective
-# op at start (about a minute here). The toolkit's backend skips it (it serves inference only),
-# but scripts taken as they are build it: built here too, so their first run does not.
-echo "DeepSpeed's CPU shared-memory op (plain DeepSpeed scripts): log in $LOG_DIR/shm-comm-build.log"
-"$VENV/bin/python" -c "
-from deepspeed.accelerator import get_accelerator
-builder = get_accelerator().create_op_builder('ShareMemCommBuilder')
-if builder is not None:
-    builder.load()
-" >"$LOG_DIR/shm-comm-build.log" 2>&1 \
-  || { tail -n 20 "$LOG_DIR/shm-comm-build.log" >&2; die "building DeepSpeed's shared-memory op failed"; }
+# ninja: torch compiles DeepSpeed's ops with it, in parallel (scripts/build_deepspeed.sh).
+pip_install "$TF_PACKAGE" "mpi4py==$MPI4PY_VERSION" cloudpickle psutil pyyaml packaging ninja
+# shellcheck source=scripts/build_deepspeed.sh
+source "$ROOT/scripts/build_deepspeed.sh"
+install_deepspeed
 
 step "6/7 Horovod $HOROVOD_VERSION (PyTorch, TensorFlow, Gloo, MPI)"
 # shellcheck source=scripts/build_horovod.sh

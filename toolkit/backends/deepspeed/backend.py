@@ -21,7 +21,9 @@ Findings:
   leaves behind, after which every DeepSpeed start waits on it forever (seen here: a parity run
   hung in torch's FileBaton.wait after an earlier job was SIGKILLed mid-build). The backend marks
   the op incompatible in `deepspeed.ops.__compatible_ops__`, so DeepSpeed skips it; `toolkit
-  doctor` reports stale locks of the ops training does build (cpu_adam for offload).
+  doctor` reports stale locks of the ops training does build (cpu_adam for offload). The
+  toolkit's setup compiles both ops into the DeepSpeed package (scripts/build_deepspeed.sh),
+  so no job builds them there; the skip serves DeepSpeed installed the usual way.
 - DeepSpeed has no setting for the transport of its gradient reductions and weight gathers; on
   one host every ZeRO stage runs them through the toolkit's shared memory by wrapping
   DeepSpeed's communication backend (`deepspeed.allreduce`,

@@ -34,6 +34,7 @@ def probe() -> ProbeReport:
             "communication_backend": accelerator.communication_backend_name(),
             "torch": deepspeed.__dict__.get("__torch_version__", _torch_version()),
             "pipeline_engine": _has_pipeline_engine(),
+            "compiled_ops": _compiled_ops(),
         },
     )
     report.problems += [
@@ -73,6 +74,14 @@ def _torch_version() -> str:
     import torch
 
     return str(torch.__version__)
+
+
+def _compiled_ops() -> list[str]:
+    """The ops built into the installed package (scripts/build_deepspeed.sh); the others are
+    compiled on first use into torch's extension cache."""
+    from deepspeed.git_version_info import installed_ops
+
+    return sorted(name for name, built in installed_ops.items() if built)
 
 
 def _has_pipeline_engine() -> bool:
