@@ -7,6 +7,11 @@ Findings about Keras 3 (the `tf.keras` of TF 2.21) that shape the backends:
   after an explicit all-reduce, with torch's formula (below), and never sets Keras' clipping.
 - Keras variables have no `.ref()`, which Horovod's TF layer calls; gradients are taken with
   respect to each variable's underlying `tf.Variable` (`v.value`) instead (horovod issue 4290).
+- `import keras` imports scikit-learn (for `keras.wrappers`) and matplotlib.pyplot (for
+  `keras.visualization`) whenever they are installed: 2.6-3.0 s of the 6.0-6.4 s that
+  `import tensorflow, keras` takes here, in every TF rank. The toolkit leaves it: hiding them
+  would take those Keras features from the user's script (the wrappers subclass scikit-learn's
+  classes at import, so they cannot be made lazy).
 """
 
 from __future__ import annotations
