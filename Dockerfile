@@ -46,7 +46,6 @@ WORKDIR /opt/toolkit
 # first, so a change to the toolkit's code does not rebuild this layer. When the build mounts a
 # wheel cache at $TOOLKIT_CACHE/wheels (scripts/build_image.sh does), setup.sh reuses its Horovod
 # and DeepSpeed wheels instead of compiling them.
-
 COPY scripts/setup.sh scripts/build_horovod.sh scripts/build_deepspeed.sh /opt/toolkit/scripts/
 RUN TOOLKIT_INSTALL_SELF=0 TOOLKIT_TEST_CLUSTER=0 \
     TORCH_VERSION=$TORCH_VERSION TF_VERSION=$TF_VERSION DEEPSPEED_VERSION=$DEEPSPEED_VERSION \

@@ -35,8 +35,8 @@ build_deepspeed_wheel() {
   work="$(mktemp -d)"
   log="$LOG_DIR/deepspeed-build.log"
   echo "compiling DeepSpeed's CPU ops (about 2.5 minutes on 2 cores); compiler log: $log"
-  # shellcheck disable=SC2046  # the build variables are words by design
   # --no-build-isolation: DeepSpeed's setup.py imports torch, which must be the venv's.
+  # shellcheck disable=SC2046  # the build variables are words by design
   if ! env $(deepspeed_build_env) PATH="$VENV/bin:$PATH" MAX_JOBS="$(nproc)" \
       "$VENV/bin/python" -m pip wheel --no-build-isolation --no-deps --no-cache-dir \
         --no-binary deepspeed -w "$work" "deepspeed==$DEEPSPEED_VERSION" >"$log" 2>&1; then

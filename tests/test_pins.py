@@ -131,3 +131,16 @@ def test_engines_layer_is_built_before_the_source_is_copied() -> None:
     assert first_setup < copy_all
     assert "TOOLKIT_INSTALL_SELF=0" in instructions[first_setup][1].split()
     assert "TOOLKIT_INSTALL_SELF" in (ROOT / "scripts" / "setup.sh").read_text()
+
+
+def test_the_engines_layer_copies_every_script_setup_sources() -> None:
+    """The image's first setup.sh run sees only the scripts copied before it; a script setup.sh
+    sources but the Dockerfile does not copy fails the image build."""
+    sourced = re.findall(
+        r'^source "\$ROOT/(scripts/\S+)"$',
+        (ROOT / "scripts" / "setup.sh").read_text(),
+        flags=re.MULTILINE,
+    )
+    assert {"scripts/build_horovod.sh", "scripts/build_deepspeed.sh"} <= set(sourced)
+    first_copy = next(a for n, a in dockerfile_instructions() if n == "COPY")
+    assert set(first_copy.split()[:-1]) == {"scripts/setup.sh", *sourced}
