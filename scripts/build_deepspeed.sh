@@ -31,22 +31,14 @@ deepspeed_build_env() {
 }
 
 build_deepspeed_wheel() {
-  local wheel_dir="$1" work log
-  work="$(mktemp -d)"
+  local work="$1" log
   log="$LOG_DIR/deepspeed-build.log"
   echo "compiling DeepSpeed's CPU ops (about 2.5 minutes on 2 cores); compiler log: $log"
   # --no-build-isolation: DeepSpeed's setup.py imports torch, which must be the venv's.
   # shellcheck disable=SC2046  # the build variables are words by design
-  if ! env $(deepspeed_build_env) PATH="$VENV/bin:$PATH" MAX_JOBS="$(nproc)" \
-      "$VENV/bin/python" -m pip wheel --no-build-isolation --no-deps --no-cache-dir \
-        --no-binary deepspeed -w "$work" "deepspeed==$DEEPSPEED_VERSION" >"$log" 2>&1; then
-    echo "---- last 40 lines of $log ----" >&2
-    tail -n 40 "$log" >&2
-    die "DeepSpeed build failed; full log: $log"
-  fi
-  mkdir -p "$wheel_dir"
-  mv "$work"/deepspeed-*.whl "$wheel_dir/"
-  rm -rf "$work"
+  run_logged_build DeepSpeed "$log" env $(deepspeed_build_env) PATH="$VENV/bin:$PATH" \
+    MAX_JOBS="$(nproc)" "$VENV/bin/python" -m pip wheel --no-build-isolation --no-deps \
+    --no-cache-dir --no-binary deepspeed -w "$work/dist" "deepspeed==$DEEPSPEED_VERSION"
 }
 
 # True when the venv holds this DeepSpeed version with cpu_adam compiled in.
@@ -67,11 +59,7 @@ install_deepspeed() {
   fi
   local wheel_dir
   wheel_dir="$(deepspeed_wheel_dir)"
-  if ! ls "$wheel_dir"/deepspeed-*.whl >/dev/null 2>&1; then
-    build_deepspeed_wheel "$wheel_dir"
-  else
-    echo "reusing cached wheel in $wheel_dir (no compile)"
-  fi
+  ensure_cached_wheel deepspeed "$wheel_dir" build_deepspeed_wheel
   # Its dependencies (pydantic, hjson, ...) come from the registry; torch is already in place.
   pip_install "$wheel_dir"/deepspeed-*.whl
   # A venv that had the same version without the ops keeps it on a plain install.

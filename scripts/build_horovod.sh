@@ -24,8 +24,7 @@ horovod_wheel_dir() {
 }
 
 build_horovod_wheel() {
-  local wheel_dir="$1" work log
-  work="$(mktemp -d)"
+  local work="$1" log
   log="$LOG_DIR/horovod-build.log"
   echo "compiling Horovod (about 6 minutes on 2 cores); compiler log: $log"
   "$VENV/bin/python" -m pip download --quiet --no-deps --no-binary :all: \
@@ -34,19 +33,10 @@ build_horovod_wheel() {
   patch_horovod_source "$work/horovod-$HOROVOD_VERSION"
   local gpu_ops=()
   [ "$DEVICE" = cuda ] && gpu_ops=(HOROVOD_GPU_OPERATIONS=NCCL)
-  if ! (cd "$work/horovod-$HOROVOD_VERSION" && env \
-      HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
-      HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j$(nproc)" "${gpu_ops[@]}" \
-      PATH="$VENV/bin:$PATH" \
-      "$VENV/bin/python" -m pip wheel --no-build-isolation --no-deps --no-cache-dir \
-        -w "$work/dist" . >"$log" 2>&1); then
-    echo "---- last 40 lines of $log ----" >&2
-    tail -n 40 "$log" >&2
-    die "Horovod build failed; full log: $log"
-  fi
-  mkdir -p "$wheel_dir"
-  mv "$work"/dist/horovod-*.whl "$wheel_dir/"
-  rm -rf "$work"
+  run_logged_build Horovod "$log" env --chdir="$work/horovod-$HOROVOD_VERSION" \
+    HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
+    HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j$(nproc)" "${gpu_ops[@]}" PATH="$VENV/bin:$PATH" \
+    "$VENV/bin/python" -m pip wheel --no-build-isolation --no-deps --no-cache-dir -w "$work/dist" .
 }
 
 install_horovod() {
@@ -57,10 +47,6 @@ install_horovod() {
   fi
   local wheel_dir
   wheel_dir="$(horovod_wheel_dir)"
-  if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
-    build_horovod_wheel "$wheel_dir"
-  else
-    echo "reusing cached wheel in $wheel_dir (no compile)"
-  fi
+  ensure_cached_wheel horovod "$wheel_dir" build_horovod_wheel
   pip_install --no-deps --force-reinstall "$wheel_dir"/horovod-*.whl
 }

@@ -78,6 +78,33 @@ pip_install() {
 }
 echo "python: $("$VENV/bin/python" --version)"
 
+# Runs one build command with its output in LOG; when it fails, shows the log's tail and stops.
+run_logged_build() {
+  local what="$1" log="$2"
+  shift 2
+  if ! "$@" >"$log" 2>&1; then
+    echo "---- last 40 lines of $log ----" >&2
+    tail -n 40 "$log" >&2
+    die "$what build failed; full log: $log"
+  fi
+}
+
+# Makes sure WHEEL_DIR holds NAME's wheel. When it does not, BUILD_FUNCTION WORK_DIR builds it
+# into WORK_DIR/dist, in a temporary folder, and the wheel moves to WHEEL_DIR: the compiled
+# engines (scripts/build_*.sh) are built once per cache key and installed from there.
+ensure_cached_wheel() {
+  local name="$1" wheel_dir="$2" build_function="$3" work
+  if ls "$wheel_dir/$name"-*.whl >/dev/null 2>&1; then
+    echo "reusing cached wheel in $wheel_dir (no compile)"
+    return
+  fi
+  work="$(mktemp -d)"
+  "$build_function" "$work"
+  mkdir -p "$wheel_dir"
+  mv "$work/dist/$name"-*.whl "$wheel_dir/"
+  rm -rf "$work"
+}
+
 step "4/7 PyTorch $TORCH_VERSION ($DEVICE)"
 # Pin exactly: an open range pulls the registry's newest build with several GB of CUDA packages.
 # On Linux the registry's torch 2.13.0 wheel is the CUDA build (what the cluster image wants).
