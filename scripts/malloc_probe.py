@@ -1,0 +1,147 @@
+"""Probe: what `launch.malloc: keep` (toolkit/render/malloc.py) changes in a torch CPU step.
+
+GLIBC_TUNABLES is read when a process starts, so the two settings cannot alternate inside one
+process: each launch is one child process that trains an MLP alone (one thread, SGD with
+momentum, as the benches do), and launches alternate glibc's own settings and the toolkit's,
+pair by pair. Per model it prints one JSON line: per setting the median step in ms, the step-to-
+step spread (the 5th to 95th percentile, in ms) and the page faults per step, each the median
+over launches; and keep / glibc, the ratio of the two medians of each pair, median and range.
+
+    .venv/bin/python scripts/malloc_probe.py [--pairs 4] [--steps 100] [--models 0 2]
+
+The models: the step bench's MLP (docs/bench/spec.yaml, 64 samples), the pipeline bubble
+bench's (toolkit/bench/bubble.py, 128 samples), and a GPT-2-shaped transformer trained with AdamW
+(the GPT example's model, hvd_examples/gpt_text.py, at 6 layers of 384 instead of 2 of 64).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+MODELS = {
+    "step bench MLP 512-2048-2048-512-10, 64 samples": {"mlp": [512, 2048, 2048, 512, 10], "n": 64},
+    "bubble bench MLP 1536-1024x8, 128 samples": {"mlp": [1536] + [1024] * 8, "n": 128},
+    "GPT-2 shape (6 layers of 384, 6 heads), 4 x 128 tokens, AdamW": {"gpt": [6, 384], "n": 4},
+}
+BLOCK = 128
+VOCAB = 256
+
+
+def build(model: dict):  # type: ignore[no-untyped-def]
+    """(module, optimizer, a function of the module giving the loss)."""
+    import torch
+
+    if "gpt" in model:
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        layers, width = model["gpt"]
+        config = GPT2Config(vocab_size=VOCAB, n_positions=BLOCK, n_embd=width, n_layer=layers,
+                            n_head=6, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # fmt: skip
+        module = GPT2LMHeadModel(config)
+        ids = torch.randint(0, VOCAB, (model["n"], BLOCK))
+        optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4)
+        return module, optimizer, lambda m: m(input_ids=ids, labels=ids).loss
+    layers = model["mlp"]
+    modules: list[torch.nn.Module] = []
+    for width_in, width_out in itertools.pairwise(layers):
+        modules += [torch.nn.Linear(width_in, width_out), torch.nn.ReLU()]
+    module = torch.nn.Sequential(*modules[:-1])
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(model["n"], layers[0])
+    y = torch.randint(0, layers[-1], (model["n"],))
+    return module, optimizer, lambda m: torch.nn.functional.cross_entropy(m(x), y)
+
+
+def child(model: dict, warmup: int, steps: int) -> dict[str, float]:
+    import torch
+
+    torch.set_num_threads(1)
+    module, optimizer, loss_of = build(model)
+    times = []
+    for step in range(warmup + steps):
+        if step == warmup:
+            faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        loss_of(module).backward()
+        optimizer.step()
+        times.append(time.perf_counter() - start)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before
+    timed = times[warmup:]
+    cuts = statistics.quantiles(timed, n=20)
+    return {
+        "median_ms": statistics.median(timed) * 1e3,
+        "spread_ms": (cuts[-1] - cuts[0]) * 1e3,
+        "faults_per_step": faults / steps,
+    }
+
+
+def launch(model: dict, args: argparse.Namespace, keep: bool) -> dict:
+    from toolkit.render.malloc import KEEP_FREED_MEMORY
+
+    env = {name: value for name, value in os.environ.items() if name != "GLIBC_TUNABLES"}
+    if keep:
+        env["GLIBC_TUNABLES"] = KEEP_FREED_MEMORY
+    argv = [sys.executable, __file__, "--child", json.dumps(model)]
+    argv += ["--warmup", str(args.warmup), "--steps", str(args.steps)]
+    done = subprocess.run(argv, env=env, check=True, capture_output=True, text=True)
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=4)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--models", nargs="*", type=int, help="indexes into MODELS (default all)")
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(json.loads(args.child), args.warmup, args.steps)))
+        return
+    for index, (name, model) in enumerate(MODELS.items()):
+        if args.models and index not in args.models:
+            continue
+        runs: dict[str, list[dict]] = {"glibc": [], "keep": []}
+        for pair in range(args.pairs):
+            order = ("glibc", "keep") if pair % 2 == 0 else ("keep", "glibc")
+            for setting in order:
+                runs[setting].append(launch(model, args, setting == "keep"))
+        ratios = [
+            k["median_ms"] / g["median_ms"]
+            for k, g in zip(runs["keep"], runs["glibc"], strict=True)
+        ]
+        summary = {
+            setting: {
+                key: round(statistics.median(run[key] for run in launches), 2)
+                for key in ("median_ms", "spread_ms", "faults_per_step")
+            }
+            for setting, launches in runs.items()
+        }
+        print(
+            json.dumps(
+                {
+                    "model": name,
+                    "pairs": args.pairs,
+                    **summary,
+                    "keep_over_glibc": {
+                        "median": round(statistics.median(ratios), 3),
+                        "min": round(min(ratios), 3),
+                        "max": round(max(ratios), 3),
+                    },
+                }
+            ),
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
