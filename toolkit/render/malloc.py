@@ -15,8 +15,9 @@ rank's freed memory for its next step: its resident memory stays near its high p
 of falling back between steps.
 
 The tunables go in GLIBC_TUNABLES, which only glibc reads (elsewhere it is ignored); they change
-where memory comes from, never a value. `launch.malloc: glibc` leaves glibc's own settings, and
-a GLIBC_TUNABLES of the user's in `launch.env` replaces the toolkit's.
+where memory comes from, never a value. They replace a GLIBC_TUNABLES the ranks would inherit
+from the launching shell: a user's own goes in `launch.env`, which replaces the toolkit's, or
+stays in the shell with `launch.malloc: glibc`, under which the toolkit sets none.
 """
 
 from __future__ import annotations

@@ -544,8 +544,9 @@ class LaunchSpec(Section):
         "keeps it for the next step (GLIBC_TUNABLES: the mmap threshold at its 32 MiB limit, "
         "no automatic trimming), so a step does not page-fault its temporaries in again (a CPU "
         "step of an 8-layer MLP in 0.84 of the time); resident memory stays near its high "
-        "point. "
-        "glibc: glibc's own settings. Changes no value.",
+        "point; it replaces a GLIBC_TUNABLES the ranks would inherit (set yours in launch.env, "
+        "which wins). glibc: glibc's own settings, and the environment's GLIBC_TUNABLES passes "
+        "through. Changes no value.",
     )
     env: Env = Field(
         default_factory=dict, description="Extra environment variables for every rank."
