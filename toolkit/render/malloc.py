@@ -9,10 +9,11 @@ step of the pipeline bubble bench's MLP made 6,800 page faults (about 27 MB); wi
 threshold fixed at its upper limit (32 MiB on 64-bit) and trimming left to explicit
 `malloc_trim` calls it made 5, in 0.84 of the time (0.79-0.86 over 4 pairs of launches). A
 GPT-2-shaped model went from 5,600 faults a step to 130, in 0.91 of the time; the step bench's
-MLP, which hardly faults, from 331 to none, inside the launches' spread. On the benches' 2-rank
-engine steps no difference was resolved. Like torch's CUDA caching allocator, this keeps a
-rank's freed memory for its next step: its resident memory stays near its high point instead
-of falling back between steps.
+MLP, which hardly faults, from 331 to none, inside the launches' spread. Those are single
+processes; on 2-rank engine steps, the 8-layer MLP's under DDP and Horovod among them, no
+difference was resolved. Like torch's CUDA caching allocator, this keeps a rank's freed memory
+for its next step: its resident memory stays near its high point instead of falling back
+between steps.
 
 The tunables go in GLIBC_TUNABLES, which only glibc reads (elsewhere it is ignored); they change
 where memory comes from, never a value. They replace a GLIBC_TUNABLES the ranks would inherit
