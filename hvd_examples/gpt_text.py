@@ -78,11 +78,12 @@ def model_config() -> Any:
     )
 
 
-def build_model() -> torch.nn.Module:
-    """GPT2LMHeadModel: its lm_head.weight is tied to transformer.wte.weight."""
+def build_model(config: Any = None) -> torch.nn.Module:
+    """GPT2LMHeadModel of `config` (model_config() when None; scripts/malloc_probe.py passes a
+    larger one): its lm_head.weight is tied to transformer.wte.weight."""
     from transformers import GPT2LMHeadModel
 
-    model = GPT2LMHeadModel(model_config())
+    model = GPT2LMHeadModel(config or model_config())
     # transformers picks the loss by class name and warns that "GPT2LMHeadModel" matches none;
     # it then uses this one, the causal LM loss.
     model.loss_type = "ForCausalLM"

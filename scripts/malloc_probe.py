@@ -11,13 +11,13 @@ over launches; and keep / glibc, the ratio of the two medians of each pair, medi
 
 The models: the step bench's MLP (docs/bench/spec.yaml, 64 samples), the pipeline bubble
 bench's (toolkit/bench/bubble.py, 128 samples), and a GPT-2-shaped transformer trained with AdamW
-(the GPT example's model, hvd_examples/gpt_text.py, at 6 layers of 384 instead of 2 of 64).
+(the GPT example's model, hvd_examples/gpt_text.py, at 6 layers of 384 instead of 2 of 64, built
+by its build_model).
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import resource
@@ -25,14 +25,14 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent.parent
 MODELS = {
     "step bench MLP 512-2048-2048-512-10, 64 samples": {"mlp": [512, 2048, 2048, 512, 10], "n": 64},
     "bubble bench MLP 1536-1024x8, 128 samples": {"mlp": [1536] + [1024] * 8, "n": 128},
-    "GPT-2 shape (6 layers of 384, 6 heads), 4 x 128 tokens, AdamW": {"gpt": [6, 384], "n": 4},
+    "GPT-2 shape (6 layers of 384, 6 heads), 8 x 64 tokens, AdamW": {"gpt": [6, 384], "n": 8},
 }
-BLOCK = 128
-VOCAB = 256
 
 
 def build(model: dict):  # type: ignore[no-untyped-def]
@@ -40,23 +40,24 @@ def build(model: dict):  # type: ignore[no-untyped-def]
     import torch
 
     if "gpt" in model:
-        from transformers import GPT2Config, GPT2LMHeadModel
+        sys.path.insert(0, str(ROOT / "hvd_examples"))
+        from gpt_text import build_model, model_config
+        from text_common import BLOCK, VOCAB
 
         layers, width = model["gpt"]
-        config = GPT2Config(vocab_size=VOCAB, n_positions=BLOCK, n_embd=width, n_layer=layers,
-                            n_head=6, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # fmt: skip
-        module = GPT2LMHeadModel(config)
+        config = model_config()
+        config.update({"n_layer": layers, "n_embd": width, "n_head": 6})
+        module = build_model(config)
         ids = torch.randint(0, VOCAB, (model["n"], BLOCK))
         optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4)
         return module, optimizer, lambda m: m(input_ids=ids, labels=ids).loss
-    layers = model["mlp"]
-    modules: list[torch.nn.Module] = []
-    for width_in, width_out in itertools.pairwise(layers):
-        modules += [torch.nn.Linear(width_in, width_out), torch.nn.ReLU()]
-    module = torch.nn.Sequential(*modules[:-1])
+    from toolkit.bench.native._torch_model import mlp
+
+    dims = model["mlp"]
+    module = mlp(dims)
     optimizer = torch.optim.SGD(module.parameters(), lr=0.01, momentum=0.9)
-    x = torch.randn(model["n"], layers[0])
-    y = torch.randint(0, layers[-1], (model["n"],))
+    x = torch.randn(model["n"], dims[0])
+    y = torch.randint(0, dims[-1], (model["n"],))
     return module, optimizer, lambda m: torch.nn.functional.cross_entropy(m(x), y)
 
 

@@ -451,8 +451,8 @@ def test_a_step_case_is_measured_when_any_launch_gave_a_time() -> None:
 
 def _in_process_result(toolkit_ms: list[float], cycles: list[int]) -> CaseResult:
     result = CaseResult("ddp", {}, ["native", "toolkit"], figures={"median": {}, "cpu": {}})
-    result.extend("native", [0.1] * len(toolkit_ms), [0.1] * len(toolkit_ms))
-    result.extend("toolkit", [ms / 1e3 for ms in toolkit_ms], [0.1] * len(toolkit_ms))
+    result.extend("native", [0.1] * len(toolkit_ms), [0.1] * len(toolkit_ms), [])
+    result.extend("toolkit", [ms / 1e3 for ms in toolkit_ms], [0.1] * len(toolkit_ms), [])
     result.launch_cycles = cycles
     return result
 
@@ -468,13 +468,16 @@ def test_toolkit_over_a_variant_is_taken_launch_by_launch_too() -> None:
     result = CaseResult(
         "ddp", {}, ["native", "toolkit", "floor"], figures={"median": {}, "cpu": {}}
     )
-    result.extend("native", [0.1] * 4, [0.1] * 4)
-    result.extend("toolkit", [0.12, 0.12, 0.13, 0.15], [0.1] * 4)
-    result.extend("floor", [0.1, 0.1, 0.1, 0.1], [0.1] * 4)
+    result.extend("native", [0.1] * 4, [0.1] * 4, [3] * 4)
+    result.extend("toolkit", [0.12, 0.12, 0.13, 0.15], [0.1] * 4, [0, 0, 1, 5])
+    result.extend("floor", [0.1, 0.1, 0.1, 0.1], [0.1] * 4, [])
     result.launch_cycles = [2, 2]
     assert result.launch_ratios("toolkit", over="floor") == pytest.approx([1.2, 1.4])
     assert result.to_json()["launch_toolkit_over_floor"]["n"] == 2
     assert result.to_json()["toolkit_over_floor"]["n"] == 4
+    # Faults per step are each step's count (in-process); a variant without any is NaN.
+    faults = result.to_json()["faults_per_step"]
+    assert faults["native"] == 3 and faults["toolkit"] == 0.5 and math.isnan(faults["floor"])
     launch_by_launch = CaseResult("ddp", {}, ["native", "toolkit", "floor"])
     assert launch_by_launch.to_json()["launch_toolkit_over_floor"] is None
 

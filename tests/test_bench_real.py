@@ -35,6 +35,9 @@ def test_bench_step_tiny(tmp_path: Path, no_orphans: None) -> None:
     assert math.isfinite(case["ratio_to_baseline"]["toolkit"]["median"])
     assert math.isfinite(case["toolkit_over_floor"]["median"])
     assert all(ms > 0 for ms in case["floor_parts_ms"].values())
+    # Rank 0's page faults per step: counted for every variant (a count, so 0 is a value).
+    assert set(case["faults_per_step"]) == set(case["median_ms"])
+    assert all(math.isfinite(count) and count >= 0 for count in case["faults_per_step"].values())
     assert data["workloads"][case["case"]]["layers"] == [16, 8, 4]
     assert (out / "step.png").read_bytes()[:8] == PNG_SIGNATURE
 

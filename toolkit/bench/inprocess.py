@@ -101,7 +101,12 @@ class InProcessBench(StepBench):
                 continue
             record = json.loads(out.read_text())
             for label in labels:
-                result.extend(label, record["step_s"][label], record["cpu_s"][label])
+                result.extend(
+                    label,
+                    record["step_s"][label],
+                    record["cpu_s"][label],
+                    record.get("faults", {}).get(label, []),
+                )
             result.launch_cycles.append(len(record["step_s"][labels[0]]))
             if has_floor:
                 result.add_floor_parts(record)

@@ -87,6 +87,9 @@ class CaseResult:
     errors: list[str] = field(default_factory=list)
     launch_cycles: list[int] = field(default_factory=list)
     """In-process: the cycles each launch added, in order (empty for launch-by-launch runs)."""
+    faults: dict[str, list[float]] = field(default_factory=dict)
+    """variant -> rank 0's minor page faults per step: each launch's median (in-process: each
+    step's)."""
 
     def __post_init__(self) -> None:
         names = self.figures or FIGURES
@@ -102,11 +105,15 @@ class CaseResult:
             key, figure = FIGURES[name]
             values = record.get(key) or []
             self.figures[name][label].append(figure(values) * 1e3 if values else float("nan"))
+        self.faults.setdefault(label, []).append(stats.median(record.get("faults") or []))
 
-    def extend(self, label: str, wall_s: list[float], cpu_s: list[float]) -> None:
+    def extend(
+        self, label: str, wall_s: list[float], cpu_s: list[float], faults: list[int]
+    ) -> None:
         """Step-by-step figures (in-process: one repetition per cycle)."""
         self.figures["median"][label] += [seconds * 1e3 for seconds in wall_s]
         self.figures["cpu"][label] += [seconds * 1e3 for seconds in cpu_s]
+        self.faults.setdefault(label, []).extend(float(count) for count in faults)
 
     @property
     def measured(self) -> bool:
@@ -177,6 +184,9 @@ class CaseResult:
             "launch_toolkit_over_floor": self.launch_toolkit_over("floor"),
             "floor_parts_ms": {part: stats.median(ms) for part, ms in self.floor_parts_ms.items()},
             "toolkit_loader_ms": stats.median(self.loader_ms),
+            "faults_per_step": {
+                label: stats.median(self.faults.get(label, [])) for label in self.variants
+            },
             "settings": self.settings,
             "errors": self.errors,
         }
@@ -319,7 +329,8 @@ class StepBench:
             return {"error": reason}
         record: dict[str, Any] = json.loads(out.read_text())
         ms = stats.median(record["step_s"]) * 1e3
-        self.log(f"  {case.name} rep {rep} {variant.label}: {ms:.1f} ms/step")
+        faults = stats.median(record.get("faults") or [])
+        self.log(f"  {case.name} rep {rep} {variant.label}: {ms:.1f} ms/step, {faults:.0f} faults")
         return record
 
 

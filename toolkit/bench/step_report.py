@@ -14,11 +14,12 @@ def _fmt(value: float, spec: str) -> str:
 
 
 def table(data: dict[str, Any]) -> str:
-    """One line per case and variant: median ms, ratio to the baseline with its spread."""
+    """One line per case and variant: median ms, ratio to the baseline with its spread, and
+    rank 0's minor page faults per step ("-" in JSON written before they were counted)."""
     lines = [
         f"{'case':32} {'variant':26} {'ms/step':>8} {'/ baseline':>10} "
         f"{'95% CI (bootstrap)':>20} {'min..max':>14} {'p10 ms':>8} {'p10 ratio':>10}"
-        f" {'cpu ratio':>10}"
+        f" {'cpu ratio':>10} {'faults':>8}"
     ]
     for case in data["cases"]:
         baseline = case["baseline"]
@@ -37,9 +38,10 @@ def table(data: dict[str, Any]) -> str:
             p10 = _fmt(float(np.nanmedian(fast)) if fast else math.nan, ".1f")
             p10_ratio = _fmt(fast_ratio["median"], ".3f") if fast_ratio else ""
             cpu = _fmt(cpu_ratio["median"], ".3f") if cpu_ratio else ""
+            faults = _fmt(case.get("faults_per_step", {}).get(label, math.nan), ".0f")
             lines.append(
                 f"{name:32} {label:26} {_fmt(ms, '.1f'):>8} {cells} {p10:>8} {p10_ratio:>10}"
-                f" {cpu:>10}"
+                f" {cpu:>10} {faults:>8}"
             )
         for key, words in (
             ("toolkit_over_defaults", "toolkit / defaults"),

@@ -7,8 +7,9 @@ which puts this directory first on sys.path; that is how they import this module
 
 Timing: each step is timed alone (perf_counter around the step function), after `--warmup`
 untimed steps, with the step's batch already in memory; fetching data is not part of a step.
-Rank 0 writes {"step_s": [...], "cpu_s": [...], "loss": ..., "world": ..., "settings": {...}}
-to `--out` (wall and CPU seconds per timed step; see `Clock`).
+Rank 0 writes {"step_s": [...], "cpu_s": [...], "faults": [...], "loss": ..., "world": ...,
+"settings": {...}} to `--out` (wall and CPU seconds and minor page faults per timed step; see
+`Clock`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import argparse
 import functools
 import json
 import os
+import resource
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -75,22 +77,32 @@ def batches(args: argparse.Namespace, rank: int) -> list[tuple[np.ndarray, np.nd
 
 
 class Clock:
-    """Per-step wall seconds and this process's CPU seconds (all its threads: the engine's
-    communication threads too). On a machine other jobs share, wall time also counts the time
-    the process waited for a core; CPU time does not, but misses time spent asleep waiting for
-    a peer or for Horovod's next cycle. The bench reports both."""
+    """Per-step wall seconds, this process's CPU seconds and its minor page faults (all its
+    threads: the engine's communication threads too). On a machine other jobs share, wall time
+    also counts the time the process waited for a core; CPU time does not, but misses time spent
+    asleep waiting for a peer or for Horovod's next cycle. The bench reports both. The faults
+    count memory the step touched for the first time since the allocator returned it to the
+    kernel (what `launch.malloc` is about, toolkit/render/malloc.py)."""
 
     def __init__(self) -> None:
         self.wall: list[float] = []
         self.cpu: list[float] = []
+        self.faults: list[int] = []
 
     def time(self, step: Callable[[], Any], *, keep: bool) -> Any:
+        faults = minor_faults()
         wall, cpu = time.perf_counter(), time.process_time()
         result = step()
         if keep:
             self.cpu.append(time.process_time() - cpu)
             self.wall.append(time.perf_counter() - wall)
+            self.faults.append(minor_faults() - faults)
         return result
+
+
+def minor_faults() -> int:
+    """This process's minor page faults so far (a page mapped in without reading a disk)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def time_steps(
@@ -121,6 +133,7 @@ def write(
         **(measures or {}),
         "step_s": clock.wall,
         "cpu_s": clock.cpu,
+        "faults": clock.faults,
         "loss": loss,
         "world": world,
         "pid": os.getpid(),

@@ -102,6 +102,7 @@ def main() -> int:
         record = {
             "step_s": {name: clock.wall for name, clock in clocks.items()},
             "cpu_s": {name: clock.cpu for name, clock in clocks.items()},
+            "faults": {name: clock.faults for name, clock in clocks.items()},
             "world": run.world_size,
         }
         if floor is not None:

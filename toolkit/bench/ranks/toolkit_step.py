@@ -76,6 +76,7 @@ def main() -> int:
         record = {
             "step_s": clock.wall,
             "cpu_s": clock.cpu,
+            "faults": clock.faults,
             "loader_s": loader_s,
             "loss": loss,
             "world": run.world_size,
