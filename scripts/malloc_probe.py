@@ -7,7 +7,10 @@ pair by pair. Per model it prints one JSON line: per setting the median step in 
 step spread (the 5th to 95th percentile, in ms) and the page faults per step, each the median
 over launches; and keep / glibc, the ratio of the two medians of each pair, median and range.
 
-    .venv/bin/python scripts/malloc_probe.py [--pairs 4] [--steps 100] [--models 0 2]
+    .venv/bin/python scripts/malloc_probe.py [--pairs 4] [--steps 100] [--models 0 2] [--keep-grads]
+
+--keep-grads zeroes the gradients in place instead of freeing them, as a DDP step does (its
+gradients are views into its buckets): how much of the faulting is the freed gradients.
 
 The models: the step bench's MLP (docs/bench/spec.yaml, 64 samples), the pipeline bubble
 bench's (toolkit/bench/bubble.py, 128 samples), and a GPT-2-shaped transformer trained with AdamW
@@ -61,7 +64,7 @@ def build(model: dict):  # type: ignore[no-untyped-def]
     return module, optimizer, lambda m: torch.nn.functional.cross_entropy(m(x), y)
 
 
-def child(model: dict, warmup: int, steps: int) -> dict[str, float]:
+def child(model: dict, warmup: int, steps: int, keep_grads: bool) -> dict[str, float]:
     import torch
 
     torch.set_num_threads(1)
@@ -71,7 +74,7 @@ def child(model: dict, warmup: int, steps: int) -> dict[str, float]:
         if step == warmup:
             faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         start = time.perf_counter()
-        optimizer.zero_grad()
+        optimizer.zero_grad(set_to_none=not keep_grads)
         loss_of(module).backward()
         optimizer.step()
         times.append(time.perf_counter() - start)
@@ -93,6 +96,7 @@ def launch(model: dict, args: argparse.Namespace, keep: bool) -> dict:
         env["GLIBC_TUNABLES"] = KEEP_FREED_MEMORY
     argv = [sys.executable, __file__, "--child", json.dumps(model)]
     argv += ["--warmup", str(args.warmup), "--steps", str(args.steps)]
+    argv += ["--keep-grads"] if args.keep_grads else []
     done = subprocess.run(argv, env=env, check=True, capture_output=True, text=True)
     return json.loads(done.stdout.splitlines()[-1])
 
@@ -102,11 +106,17 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument(
+        "--keep-grads",
+        action="store_true",
+        help="zero the gradients in place (zero_grad(set_to_none=False)), as DDP's bucket views "
+        "keep them, instead of freeing them every step",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--models", nargs="*", type=int, help="indexes into MODELS (default all)")
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(json.loads(args.child), args.warmup, args.steps)))
+        print(json.dumps(child(json.loads(args.child), args.warmup, args.steps, args.keep_grads)))
         return
     for index, (name, model) in enumerate(MODELS.items()):
         if args.models and index not in args.models:
@@ -132,6 +142,7 @@ def main() -> None:
                 {
                     "model": name,
                     "pairs": args.pairs,
+                    "keep_grads": args.keep_grads,
                     **summary,
                     "keep_over_glibc": {
                         "median": round(statistics.median(ratios), 3),
