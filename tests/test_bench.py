@@ -514,3 +514,23 @@ def test_resolve_is_a_fraction(capsys: pytest.CaptureFixture[str]) -> None:
         main(["bench", "step", "--spec", "x.yaml", "--in-process", "--resolve", "1.5"])
     assert stop.value.code == 2
     assert "must be between 0 and 1" in capsys.readouterr().err
+
+
+def wait_quietly(handles: list[object]) -> None:
+    """This module's stand-in for the Horovod torch backend module's wait (see below)."""
+    raise AssertionError("the patch should have replaced this wait")
+
+
+class _BackendOfThisModule:
+    """A backend class whose module is this one, as the horovod-own-wait patch finds the
+    backend's module through the class."""
+
+
+def test_the_horovod_own_wait_patch_skips_the_toolkits_wait_and_puts_it_back() -> None:
+    from toolkit.bench import patches
+
+    run = type("Run", (), {"backend": _BackendOfThisModule()})()
+    with patches.applied(run, "horovod-own-wait"):
+        assert wait_quietly([object()]) is None
+    with pytest.raises(AssertionError, match="should have replaced"):
+        wait_quietly([])

@@ -11,6 +11,8 @@ the in-process bench gives each variant a loss function of its own, so each is c
   returns, not the weights.
 - `keras-sgd`: the TF engines' step with Keras' SGD instead of the toolkit's torch-semantics
   one (measurement only: it moves the weights' rounding).
+- `horovod-own-wait`: Horovod torch's step waiting for its gradients in Horovod's own
+  `synchronize` (a `sched_yield` spin) instead of the toolkit's spin-then-sleep wait.
 
 Candidates measured here and since built in: the TF engines' gradient sum started from the first
 micro-batch's gradient (toolkit.backends.tf.common), Horovod TF's per-tensor allreduce
@@ -19,6 +21,7 @@ micro-batch's gradient (toolkit.backends.tf.common), Horovod TF's per-tensor all
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
@@ -65,9 +68,25 @@ def keras_sgd(run: Any) -> Iterator[None]:
         backend.optimizer = optimizer
 
 
+@contextmanager
+def horovod_own_wait(run: Any) -> Iterator[None]:
+    """Horovod torch's step without the toolkit's wait for the gradients' all-reduces
+    (toolkit.backends.horovod.waiting.wait_quietly): `optimizer.step()` then waits in
+    Horovod's own `synchronize`, as a native script does. The backend's module is reached
+    through its class, so the bench imports no engine."""
+    module: Any = sys.modules[type(run.backend).__module__]
+    wait = module.wait_quietly
+    module.wait_quietly = lambda handles: None
+    try:
+        yield
+    finally:
+        module.wait_quietly = wait
+
+
 PATCHES: dict[str, Callable[[Any], AbstractContextManager[None]]] = {
     "global-loss": global_loss,
     "keras-sgd": keras_sgd,
+    "horovod-own-wait": horovod_own_wait,
 }
 
 
