@@ -7,16 +7,15 @@ time and gives freed memory at the heap's top back to the kernel (the trim thres
 next step's activations and gradients land on pages the kernel must zero and map again. A CPU
 step of the pipeline bubble bench's MLP made 6,800 page faults (about 27 MB); with the mmap
 threshold fixed at its upper limit (32 MiB on 64-bit) and trimming left to explicit
-`malloc_trim` calls it made 5, in 0.84 of the time (0.79-0.86 over 4 pairs of launches; 0.80
-in a second run). About 90% of those faults are the gradients `zero_grad()` frees every step:
-zeroed in place instead, the step faulted 760 times and gained nothing resolved. A GPT-2-shaped
-model went from 5,600 faults a step to 130, in 0.91 of the time in one run and 0.98 (not
-resolved) in another. Those are single processes. In 2-rank engine steps of the 8-layer MLP
+`malloc_trim` calls it made 5, in 0.84 of the time (0.79-0.86 over 4 pairs of launches; 0.80 in
+a second run). About 90% of those faults are the gradients `zero_grad()` frees every step:
+zeroed in place instead, the step faulted 560-760 times and gained nothing resolved. A
+GPT-2-shaped model went from 5,600 faults a step to 130, in 0.91 of the time in one run and 0.98
+(not resolved) in another. Those are single processes. In 2-rank engine steps of the 8-layer MLP
 rank 0 hardly faults under glibc's settings (DDP, whose gradients stay in its buckets: none;
 Horovod torch: 512 a step; the pipeline: 1), and no difference was resolved. Like torch's CUDA
-caching allocator, this keeps a rank's freed memory
-for its next step: its resident memory stays near its high point instead of falling back
-between steps.
+caching allocator, this keeps a rank's freed memory for its next step: its resident memory stays
+near its high point instead of falling back between steps.
 
 The tunables go in GLIBC_TUNABLES, which only glibc reads (elsewhere it is ignored); they change
 where memory comes from, never a value. They replace a GLIBC_TUNABLES the ranks would inherit
