@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -67,18 +66,20 @@ def build(model: dict):  # type: ignore[no-untyped-def]
 def child(model: dict, warmup: int, steps: int, keep_grads: bool) -> dict[str, float]:
     import torch
 
+    from toolkit.bench.native._bench import minor_faults
+
     torch.set_num_threads(1)
     module, optimizer, loss_of = build(model)
     times = []
     for step in range(warmup + steps):
         if step == warmup:
-            faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            faults_before = minor_faults()
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=not keep_grads)
         loss_of(module).backward()
         optimizer.step()
         times.append(time.perf_counter() - start)
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before
+    faults = minor_faults() - faults_before
     timed = times[warmup:]
     cuts = statistics.quantiles(timed, n=20)
     return {
