@@ -33,7 +33,7 @@ from toolkit.ports import free_port
 pytestmark = pytest.mark.multiproc
 
 FULL = os.environ.get("TOOLKIT_MATRIX") == "full"
-TORCH_ENGINES = ["ddp", "horovod", "zero1", "zero3", "zero3_offload"] if FULL else ["ddp", "zero3"]
+TORCH_ENGINES = ["ddp", "horovod", "zero1", "zero3", "zero3_offload"] if FULL else ["zero3"]
 TF_ENGINES = ["tf_multiworker", "horovod_tf", "tf_mirrored"] if FULL else ["tf_multiworker"]
 
 TORCH_SCRIPT = str(ROOT / "tests" / "scripts" / "structured_torch.py")
