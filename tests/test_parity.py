@@ -72,8 +72,8 @@ FULL_PARITY = os.environ.get("TOOLKIT_PARITY") == "full"
 # the recipe that exercises the most (Adam state, warmup and cosine decay), and both framework
 # references under the schedule. Elsewhere in `make test`, ZeRO-2 trains to the reference weights
 # across two hosts (tests/cluster), ZeRO-3 to Gloo's bits (test_deepspeed_shared_memory; ZeRO-0
-# and 2 too with TOOLKIT_MATRIX=full) and Horovod's Gloo controller in the engine cells. `TOOLKIT_PARITY=full make test` and `make
-# demo` run every case.
+# and 2 too with TOOLKIT_MATRIX=full) and Horovod's Gloo controller in the engine cells.
+# `TOOLKIT_PARITY=full make test` and `make demo` run every case.
 REPRESENTATIVE = [
     "ddp/torchrun:mlp:adamw-warmup-cosine",
     "horovod/mpirun:mlp:adamw-warmup-cosine",
