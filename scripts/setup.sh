@@ -130,6 +130,10 @@ step "7/7 the toolkit itself, with its development tools and the GPT example's t
 # change to the code does not rebuild the engines' layer.
 if [ "${TOOLKIT_INSTALL_SELF:-1}" = 1 ]; then
   pip_install --no-build-isolation -e "$ROOT[dev,gpt]"
+  # pip compiles the bytecode of every package it installs, but not of an editable one's source;
+  # where PYTHONDONTWRITEBYTECODE is set (it is on these machines) every rank would compile the
+  # toolkit's modules again as it imports them: 165 ms a rank instead of 85 here.
+  "$VENV/bin/python" -m compileall -q "$ROOT/toolkit" >/dev/null
 else
   echo "skipped (TOOLKIT_INSTALL_SELF=0)"
 fi

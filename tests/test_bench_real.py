@@ -19,6 +19,7 @@ from toolkit.cli import main
 pytestmark = pytest.mark.multiproc
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+MATRIX = os.environ.get("TOOLKIT_MATRIX") == "full"
 
 
 def test_bench_step_tiny(tmp_path: Path, no_orphans: None) -> None:
@@ -44,7 +45,7 @@ def test_bench_step_tiny(tmp_path: Path, no_orphans: None) -> None:
 
 
 # The floor's model in plain torch, and with TOOLKIT_MATRIX=full in plain TF too
-IN_PROCESS = ["ddp", "tf"] if os.environ.get("TOOLKIT_MATRIX") == "full" else ["ddp"]
+IN_PROCESS = ["ddp", "tf"] if MATRIX else ["ddp"]
 
 
 @pytest.mark.parametrize("backend", IN_PROCESS)
@@ -85,14 +86,19 @@ def test_bench_allreduce_tiny(tmp_path: Path, no_orphans: None) -> None:
     assert (out / "allreduce.png").read_bytes()[:8] == PNG_SIGNATURE
 
 
-def test_bench_memory_tiny(tmp_path: Path, no_orphans: None) -> None:
+# One case, two launches (module list, then the measurement): DDP, and with TOOLKIT_MATRIX=full
+# ZeRO-3, whose reductions the probe reaches through deepspeed.comm. The other engines' memory is
+# `toolkit bench memory`'s.
+MEMORY_CASES = ["ddp/torchrun", "zero3/deepspeed"] if MATRIX else ["ddp/torchrun"]
+
+
+@pytest.mark.parametrize("case_name", MEMORY_CASES)
+def test_bench_memory_tiny(tmp_path: Path, no_orphans: None, case_name: str) -> None:
     out = tmp_path / "out"
-    # One case, two launches (module list, then the measurement): ZeRO-3, whose reductions the
-    # probe reaches through deepspeed.comm. The other engines' memory is `toolkit bench memory`'s.
-    argv = ["bench", "memory", "--cases", "zero3", "--layers", "64,32,10", "--micro", "4"]
+    argv = ["bench", "memory", "--cases", case_name, "--layers", "64,32,10", "--micro", "4"]
     assert main([*argv, "--out", str(out)]) == 0
     cases = json.loads((out / "memory.json").read_text())["cases"]
-    assert [case["case"] for case in cases] == ["zero3/deepspeed"]
+    assert [case["case"] for case in cases] == [case_name]
     for case in cases:
         # Tensor bytes, not time: AdamW's two fp32 moments per parameter (plus step counters).
         assert case["optimizer_state"]["ratio"] == pytest.approx(1.0, rel=0.05)
@@ -101,15 +107,19 @@ def test_bench_memory_tiny(tmp_path: Path, no_orphans: None) -> None:
         assert case["measured"]["at_step_where"].startswith("step ")
 
 
+# The toolkit's mailboxes; with TOOLKIT_MATRIX=full both transports in turn, Gloo first (the
+# bench's default), one launch each.
+BUBBLE_TRANSPORTS = ["gloo", "shared_memory"] if MATRIX else ["shared_memory"]
+
+
 def test_bench_bubble_tiny(tmp_path: Path, no_orphans: None) -> None:
     out = tmp_path / "out"
     argv = ["bench", "bubble", "--micro-batches", "2", "--layers", "16,16,16", "--micro", "4"]
+    argv += ["--send-recv", *BUBBLE_TRANSPORTS]
     assert main([*argv, "--steps", "2", "--out", str(out)]) == 0
     data = json.loads((out / "bubble.json").read_text())
-    # Each m under both transports in turn, Gloo first.
     assert [(case["micro_batches"], case["send_recv"]) for case in data["cases"]] == [
-        (2, "gloo"),
-        (2, "shared_memory"),
+        (2, transport) for transport in BUBBLE_TRANSPORTS
     ]
     for case in data["cases"]:
         assert case["stages"] == 2 and len(case["steps"]) == 2

@@ -3,6 +3,7 @@ what run.train_step returns under step_loss local (each rank its own) and global
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +40,17 @@ LAUNCH_SETS_NO_THREADS = {"horovod_torch-horovodrun", "horovod_tf-horovodrun"}
 the collectives and the thread count `auto` picks); the others run with the 1 of rank_env()."""
 
 
+@functools.cache
+def reports_of(cell: str) -> list[dict[str, Any]]:
+    """The cell's rank reports, one launch per cell for the module (the global-loss test
+    compares against the DDP cell's local losses)."""
+    unset = ("OMP_NUM_THREADS",) if cell in LAUNCH_SETS_NO_THREADS else ()
+    return rank_reports(run(CELLS[cell], timeout=240, unset=unset))
+
+
 @pytest.mark.parametrize("cell", list(CELLS))
 def test_collectives_agree_on_every_rank(cell: str) -> None:
-    unset = ("OMP_NUM_THREADS",) if cell in LAUNCH_SETS_NO_THREADS else ()
-    reports = rank_reports(run(CELLS[cell], timeout=240, unset=unset))
+    reports = reports_of(cell)
     for report in reports:
         assert report["sum"] == 3.0 and report["mean"] == 1.5, report
         assert report["broadcast"] == 17.0, report
@@ -65,7 +73,7 @@ def test_collectives_agree_on_every_rank(cell: str) -> None:
 
 
 def test_global_step_loss_is_the_mean_of_the_local_ones(tmp_path: Path) -> None:
-    local = rank_reports(run(CELLS["ddp-torchrun"], timeout=240))
+    local = reports_of("ddp-torchrun")
     data = yaml.safe_load(Path(spec("ddp")).read_text())
     global_spec = tmp_path / "ddp_global.yaml"
     global_spec.write_text(yaml.safe_dump({**data, "step_loss": "global"}))
