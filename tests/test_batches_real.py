@@ -20,21 +20,20 @@ sharded parameters, tf.data sharding); `TOOLKIT_MATRIX=full` runs every engine n
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from tests.options import FULL_MATRIX
 from tests.realrun import BIN, PYTHON, ROOT, RunOutput, run
 from toolkit.ports import free_port
 
 pytestmark = pytest.mark.multiproc
 
-FULL = os.environ.get("TOOLKIT_MATRIX") == "full"
-TORCH_ENGINES = ["ddp", "horovod", "zero1", "zero3", "zero3_offload"] if FULL else ["zero3"]
-TF_ENGINES = ["tf_multiworker", "horovod_tf", "tf_mirrored"] if FULL else ["tf_multiworker"]
+TORCH_ENGINES = ["ddp", "horovod", "zero1", "zero3", "zero3_offload"] if FULL_MATRIX else ["zero3"]
+TF_ENGINES = ["tf_multiworker", "horovod_tf", "tf_mirrored"] if FULL_MATRIX else ["tf_multiworker"]
 
 TORCH_SCRIPT = str(ROOT / "tests" / "scripts" / "structured_torch.py")
 TF_SCRIPT = str(ROOT / "tests" / "scripts" / "structured_tf.py")

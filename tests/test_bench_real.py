@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 import pytest
 
+from tests.options import FULL_MATRIX
 from toolkit.cli import main
 
 pytestmark = pytest.mark.multiproc
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-MATRIX = os.environ.get("TOOLKIT_MATRIX") == "full"
 
 
 def test_bench_step_tiny(tmp_path: Path, no_orphans: None) -> None:
@@ -45,7 +44,7 @@ def test_bench_step_tiny(tmp_path: Path, no_orphans: None) -> None:
 
 
 # The floor's model in plain torch, and with TOOLKIT_MATRIX=full in plain TF too
-IN_PROCESS = ["ddp", "tf"] if MATRIX else ["ddp"]
+IN_PROCESS = ["ddp", "tf"] if FULL_MATRIX else ["ddp"]
 
 
 @pytest.mark.parametrize("backend", IN_PROCESS)
@@ -89,7 +88,7 @@ def test_bench_allreduce_tiny(tmp_path: Path, no_orphans: None) -> None:
 # One case, two launches (module list, then the measurement): DDP, and with TOOLKIT_MATRIX=full
 # ZeRO-3, whose reductions the probe reaches through deepspeed.comm. The other engines' memory is
 # `toolkit bench memory`'s.
-MEMORY_CASES = ["ddp/torchrun", "zero3/deepspeed"] if MATRIX else ["ddp/torchrun"]
+MEMORY_CASES = ["ddp/torchrun", "zero3/deepspeed"] if FULL_MATRIX else ["ddp/torchrun"]
 
 
 @pytest.mark.parametrize("case_name", MEMORY_CASES)
@@ -109,7 +108,7 @@ def test_bench_memory_tiny(tmp_path: Path, no_orphans: None, case_name: str) -> 
 
 # The toolkit's mailboxes; with TOOLKIT_MATRIX=full both transports in turn, Gloo first (the
 # bench's default), one launch each.
-BUBBLE_TRANSPORTS = ["gloo", "shared_memory"] if MATRIX else ["shared_memory"]
+BUBBLE_TRANSPORTS = ["gloo", "shared_memory"] if FULL_MATRIX else ["shared_memory"]
 
 
 def test_bench_bubble_tiny(tmp_path: Path, no_orphans: None) -> None:

@@ -18,7 +18,6 @@ files in DeepSpeed's ZeRO-0 layout written with torch.save.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.options import FULL_RESUME
 from tests.realrun import BIN, PYTHON, ROOT, RunOutput, run
 from toolkit.checkpoint import open_checkpoint, read_checkpoint
 from toolkit.cli import main
@@ -37,7 +37,6 @@ from toolkit.ports import free_port
 # Imported here, at collection: importing DeepSpeed sets an environment variable, which the
 # autouse fixture would take for a test's leak.
 native_import = pytest.importorskip("toolkit.backends.deepspeed.native_import")
-FULL = os.environ.get("TOOLKIT_RESUME") == "full"
 NATIVE = str(ROOT / "tests" / "scripts" / "deepspeed_native_checkpoint.py")
 RESUME = str(ROOT / "tests" / "scripts" / "resume_torch.py")
 STEPS, SAVE_AT = 7, 5
@@ -161,7 +160,7 @@ def check_import_and_resume(tmp: Path, stage: int, engine: str, optimizer: str) 
 
 
 CASES = [(2, "ddp2", "adam")]
-if FULL:
+if FULL_RESUME:
     CASES += [
         (0, "horovod2", "adam"),
         (0, "ddp1", "sgd"),
@@ -179,7 +178,7 @@ def test_a_native_deepspeed_checkpoint_imports_and_resumes_under_a_toolkit_engin
 
 
 @pytest.mark.multiproc
-@pytest.mark.skipif(not FULL, reason="runs with TOOLKIT_RESUME=full")
+@pytest.mark.skipif(not FULL_RESUME, reason="runs with TOOLKIT_RESUME=full")
 def test_sgd_state_under_zero_is_refused_naming_it(tmp_path: Path) -> None:
     native = train_native(tmp_path, 2, "sgd")
     done = import_native(str(native), "--to", str(tmp_path / "imported"))

@@ -16,7 +16,6 @@ optimizer partition there).
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.options import FULL_FAULTS
 from tests.realrun import BIN, PYTHON, ROOT, json_objects, rank_env
 from toolkit.checkpoint import latest, read_checkpoint
 from toolkit.ports import free_port
@@ -48,7 +48,7 @@ CASES = {
     ),
     "ddp-rank1": ("backend: ddp\nlaunch: {launcher: torchrun, np: 2}", 1),
 }
-RUN = list(CASES) if os.environ.get("TOOLKIT_FAULTS") == "full" else ["ddp-rank1"]
+RUN = list(CASES) if FULL_FAULTS else ["ddp-rank1"]
 
 
 def write_spec(where: Path, engine_lines: str, checkpoints: Path) -> Path:

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.options import FULL_FAULTS, FULL_MATRIX
 from tests.realrun import BIN, SPECS, TORCH_EXAMPLE, rank_env, run
 from tests.supervised import CONTRACT_SECONDS, gone, start_training_job, wait_for_ranks
 from toolkit.ports import free_port
@@ -30,14 +31,13 @@ ON_X86_64 = os.uname().machine.lower() in ("x86_64", "amd64") and os.path.isdir(
 HOST = socket.gethostname()
 COLLECTIVE_SECONDS = 5.0
 UP_SECONDS = 240.0
-ALL_FAULTS = os.environ.get("TOOLKIT_FAULTS") == "full"
 STOPPED_STAGES = [0, 2, 3]
 ONLY_ALL_FAULTS = (
     "TOOLKIT_FAULTS=full; by default a stopped DeepSpeed rank ends its job through the heartbeat"
     " (tests/test_stalled_engines.py, ZeRO-2 over shared memory), and the transports name a"
     " silent peer in tests/test_shared_memory_allreduce.py and tests/test_shared_memory_p2p.py"
 )
-SUMMED_STAGES = [0, 2, 3] if os.environ.get("TOOLKIT_MATRIX") == "full" else [3]
+SUMMED_STAGES = [0, 2, 3] if FULL_MATRIX else [3]
 WAIT_ENDS_THE_JOB = {"stall_s": 600, "collective_s": COLLECTIVE_SECONDS}
 """The heartbeat set far off: what ends a job with a stopped rank is a transport's wait."""
 
@@ -100,7 +100,7 @@ def test_zero_sums_through_shared_memory_to_the_bits_of_gloo(stage: int, tmp_pat
 
 
 @pytest.mark.skipif(not ON_X86_64, reason="the shared-memory transport runs on x86-64 only")
-@pytest.mark.skipif(not ALL_FAULTS, reason=ONLY_ALL_FAULTS)
+@pytest.mark.skipif(not FULL_FAULTS, reason=ONLY_ALL_FAULTS)
 @pytest.mark.parametrize("stage", STOPPED_STAGES)
 def test_a_stopped_rank_is_named_by_the_shared_memory_wait(stage: int, tmp_path: Path) -> None:
     """The heartbeat is set far off, so what ends the job is rank 0's wait in a gradient
@@ -130,7 +130,7 @@ def test_pipeline_sends_through_mailboxes_to_the_bits_of_gloo(tmp_path: Path) ->
 
 
 @pytest.mark.skipif(not ON_X86_64, reason="the shared-memory transport runs on x86-64 only")
-@pytest.mark.skipif(not ALL_FAULTS, reason=ONLY_ALL_FAULTS)
+@pytest.mark.skipif(not FULL_FAULTS, reason=ONLY_ALL_FAULTS)
 def test_a_stopped_pipeline_stage_is_named_by_the_mailbox_wait(tmp_path: Path) -> None:
     """Every wait of one stage on the other goes through a mailbox with 2 stages, the loss's
     broadcast after each step included (over Gloo it had caught the stopped stage's neighbour

@@ -14,13 +14,13 @@ engines under `toolkit launch` too.
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from tests.options import FULL_MATRIX
 from tests.realrun import (
     BIN,
     PYTHON,
@@ -136,8 +136,7 @@ SUBSET = [
     "horovod_tf-horovodrun_gloo",
     "tf_multiworker-toolkit_launch_local",
 ]
-FULL = os.environ.get("TOOLKIT_MATRIX") == "full"
-RUN = list(CELLS) if FULL else SUBSET
+RUN = list(CELLS) if FULL_MATRIX else SUBSET
 
 
 @pytest.mark.parametrize("cell", RUN)
@@ -146,7 +145,8 @@ def test_two_process_cell_trains_to_identical_weights(cell: str) -> None:
 
 
 @pytest.mark.skipif(
-    not FULL, reason="TOOLKIT_MATRIX=full (the parity case tf-mirrored/in-process runs by default)"
+    not FULL_MATRIX,
+    reason="TOOLKIT_MATRIX=full (the parity case tf-mirrored/in-process runs by default)",
 )
 def test_tf_mirrored_two_devices_in_one_process() -> None:
     result = run([PYTHON, *tf_args("tf_mirrored")])
@@ -161,7 +161,7 @@ REFUSED = {
 }
 """Cells the engine table refuses. By default only the first starts: the refusal is one check
 (toolkit/backends/registry.py) whichever engine and launcher meet there."""
-REFUSED_RUN = list(REFUSED) if FULL else list(REFUSED)[:1]
+REFUSED_RUN = list(REFUSED) if FULL_MATRIX else list(REFUSED)[:1]
 
 
 @pytest.mark.parametrize(

@@ -38,7 +38,6 @@ import importlib
 import importlib.util
 import json
 import math
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -48,6 +47,7 @@ import numpy as np
 import pytest
 import yaml
 
+from tests.options import FULL_GPT
 from tests.realrun import BIN, PYTHON, ROOT, RunOutput, run
 from toolkit.checkpoint import CheckpointState, write_checkpoint
 from toolkit.cli import main
@@ -65,7 +65,6 @@ EXAMPLE = str(ROOT / "hvd_examples" / "gpt_text.py")
 KERAS_EXAMPLE = str(ROOT / "hvd_examples" / "keras_text.py")
 KERAS_REFERENCE = str(ROOT / "tests" / "scripts" / "keras_text_reference.py")
 SPECS = ROOT / "hvd_examples" / "specs"
-FULL = os.environ.get("TOOLKIT_GPT") == "full"
 TOLERANCE = 1e-5
 PARITY_STEPS = 12
 PARITY_CHANGES: dict[str, Any] = {
@@ -322,7 +321,7 @@ def assert_matches_reference(
 # (shipped spec gpt_<name>.yaml, DataLoader worker processes per rank). By default ZeRO-3 with a
 # loader worker: partitioned weights, the tied output layer, and the worker's batches.
 PARITY_RUNS = [("zero3", 1)]
-if FULL:
+if FULL_GPT:
     PARITY_RUNS += [("ddp", 1), ("horovod", 0), ("zero1", 0), ("zero2", 2), ("zero3_offload", 0)]
 
 
@@ -373,7 +372,7 @@ def test_gpt_reaches_its_perplexity_target_after_100_steps(tmp_path: Path) -> No
 
 @needs_transformers
 @pytest.mark.multiproc
-@pytest.mark.skipif(not FULL, reason="the whole run takes minutes: TOOLKIT_GPT=full")
+@pytest.mark.skipif(not FULL_GPT, reason="the whole run takes minutes: TOOLKIT_GPT=full")
 def test_gpt_reaches_its_stated_perplexity_over_the_whole_run(tmp_path: Path) -> None:
     spec = engine_spec(tmp_path, "zero2", {})
     result = launch(spec, "--max-perplexity", str(FULL_TARGET))
@@ -383,7 +382,7 @@ def test_gpt_reaches_its_stated_perplexity_over_the_whole_run(tmp_path: Path) ->
 
 
 # -- the Keras counterpart (TOOLKIT_GPT=full) --------------------------------------------------
-keras_runs = pytest.mark.skipif(not FULL, reason="the Keras example's runs: TOOLKIT_GPT=full")
+keras_runs = pytest.mark.skipif(not FULL_GPT, reason="the Keras example's runs: TOOLKIT_GPT=full")
 KERAS_KEYS = 38  # embeddings, positions, 16 per block, the final layer norm's 2, the head's 2
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 
 import numpy as np
 import pytest
 
+from tests.options import FULL_PARITY
 from toolkit.parity.cases import ENGINES, all_cases, merge, select
 from toolkit.parity.harness import Harness, loss_deviation, weight_deviation
 from toolkit.spec import TrainSpec
@@ -66,7 +66,6 @@ def only(pattern: str):  # type: ignore[no-untyped-def]
     return case
 
 
-FULL_PARITY = os.environ.get("TOOLKIT_PARITY") == "full"
 # By default one case per engine family (DDP, Horovod torch and TF, ZeRO with the DeepSpeed
 # scheduler, ZeRO-3 with both offloads, the pipeline, MirroredStrategy, MultiWorkerMirrored) with
 # the recipe that exercises the most (Adam state, warmup and cosine decay), and both framework

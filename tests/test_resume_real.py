@@ -13,11 +13,11 @@ pipeline engine, the pipeline engine -> Horovod on 1 rank, ...).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
+from tests.options import FULL_RESUME
 from tests.realrun import BIN, PYTHON
 from tests.resuming import (
     OPTIMIZERS,
@@ -31,8 +31,6 @@ from toolkit.parity.cases import TOLERANCE
 from toolkit.parity.harness import weight_deviation
 
 pytestmark = pytest.mark.multiproc
-
-FULL = os.environ.get("TOOLKIT_RESUME") == "full"
 
 
 def torchrun(ranks: int) -> tuple[str, ...]:
@@ -68,7 +66,9 @@ SAME_ENGINE = [
 ]
 
 
-@pytest.mark.skipif(not FULL, reason="exact same-engine resume runs with TOOLKIT_RESUME=full")
+@pytest.mark.skipif(
+    not FULL_RESUME, reason="exact same-engine resume runs with TOOLKIT_RESUME=full"
+)
 @pytest.mark.parametrize(("setup", "optimizer"), SAME_ENGINE, ids=lambda v: str(v))
 def test_resume_under_the_same_engine_is_exact(tmp_path: Path, setup: str, optimizer: str) -> None:
     reference = uninterrupted(tmp_path, SETUPS, setup, optimizer)
@@ -87,7 +87,7 @@ ACROSS = (
         ("ddp2", "pipeline2", "adam"),
         ("pipeline2", "horovod1", "sgd"),
     ]
-    if FULL
+    if FULL_RESUME
     else [("zero3", "ddp1", "adam")]
 )
 

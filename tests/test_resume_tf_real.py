@@ -16,11 +16,11 @@ which a TF engine refuses naming what differs.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
+from tests.options import FULL_RESUME
 from tests.realrun import BIN, PYTHON, mpirun
 from tests.resuming import (
     OPTIMIZERS,
@@ -39,7 +39,6 @@ from toolkit.parity.harness import weight_deviation
 
 pytestmark = pytest.mark.multiproc
 
-FULL = os.environ.get("TOOLKIT_RESUME") == "full"
 TF = "tensorflow"
 HOROVODRUN = (str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", PYTHON)
 SETUPS = {
@@ -59,7 +58,9 @@ SETUPS = {
 SAME_ENGINE = [(s, o) for s in ("horovod_tf2", "multiworker2", "mirrored1") for o in OPTIMIZERS]
 
 
-@pytest.mark.skipif(not FULL, reason="exact same-engine resume runs with TOOLKIT_RESUME=full")
+@pytest.mark.skipif(
+    not FULL_RESUME, reason="exact same-engine resume runs with TOOLKIT_RESUME=full"
+)
 @pytest.mark.parametrize(("setup", "optimizer"), SAME_ENGINE, ids=lambda v: str(v))
 def test_resume_under_the_same_tf_engine_is_exact(
     tmp_path: Path, setup: str, optimizer: str
@@ -71,7 +72,7 @@ def test_resume_under_the_same_tf_engine_is_exact(
 
 
 ACROSS = [("horovod_tf2", "multiworker2", "adam")]
-if FULL:
+if FULL_RESUME:
     ACROSS += [
         ("horovod_tf2", "multiworker2", "sgd"),
         ("multiworker2", "mirrored1", "sgd"),
@@ -92,7 +93,7 @@ def test_resume_under_another_tf_engine_is_within_parity(
     assert deviation <= TOLERANCE["fp32"]
 
 
-@pytest.mark.skipif(not FULL, reason="runs with TOOLKIT_RESUME=full")
+@pytest.mark.skipif(not FULL_RESUME, reason="runs with TOOLKIT_RESUME=full")
 def test_a_torch_engines_checkpoint_is_refused_by_a_tf_engine(tmp_path: Path) -> None:
     """Torch names weights by state_dict ("0.weight", [out, in]), Keras by path: one error that
     says so, before a step is trained."""

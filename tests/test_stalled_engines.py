@@ -29,6 +29,7 @@ import psutil
 import pytest
 import yaml
 
+from tests.options import FULL_FAULTS
 from tests.realrun import SPECS, rank_env
 from tests.supervised import CONTRACT_SECONDS, gone, start_training_job, wait_for_ranks
 from toolkit.engines import engine
@@ -78,7 +79,7 @@ def allowed_pairs() -> list[tuple[str, str]]:
     return pairs
 
 
-CASES = allowed_pairs() if os.environ.get("TOOLKIT_FAULTS") == "full" else SUBSET
+CASES = allowed_pairs() if FULL_FAULTS else SUBSET
 
 
 def write_spec(label: str, launcher: str, directory: Path) -> Path:

@@ -35,6 +35,7 @@ import pytest
 import yaml
 
 from tests.cluster.sshd import SshCluster, start_ssh_cluster
+from tests.options import FULL_CLUSTER
 from tests.realrun import SPECS, rank_env
 from tests.supervised import CONTRACT_SECONDS, start_training_job, wait_for_ranks
 from toolkit.parity.cases import all_cases, merge
@@ -63,7 +64,7 @@ FULL = [
     ("pipeline2/deepspeed:mlp:adamw", None),
     ("horovod-tf/horovodrun-gloo:mlp:adamw", None),
 ]
-CASES = FULL if os.environ.get("TOOLKIT_CLUSTER") == "full" else SUBSET
+CASES = FULL if FULL_CLUSTER else SUBSET
 STALL_SECONDS = 8.0
 UP_SECONDS = 240.0
 

@@ -10,7 +10,6 @@ representative subset runs (DeepSpeed under srun, Horovod under mpirun);
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ import yaml
 
 from tests.cluster.slurm import SlurmCluster
 from tests.cluster.test_slurm_cluster import job_env, submit
+from tests.options import FULL_CLUSTER
 from tests.realrun import ROOT, SPECS, json_objects
 
 pytestmark = [pytest.mark.cluster, pytest.mark.multiproc, pytest.mark.usefixtures("no_orphans")]
@@ -35,7 +35,7 @@ FULL = [
     ("horovod_tf", "mpirun"),
     ("tf_multiworker", "mpirun"),
 ]
-CASES = FULL if os.environ.get("TOOLKIT_CLUSTER") == "full" else SUBSET
+CASES = FULL if FULL_CLUSTER else SUBSET
 SALLOC_BOUND_S = 300
 # The example the README runs, for one epoch; its accuracy bar is not what is tested here.
 EXAMPLE_ARGS = ["--epochs", "1", "--min-accuracy", "0"]
