@@ -2,11 +2,15 @@
 
 DeepSpeed's CPU accelerator loads its shm_comm op in `deepspeed.init_distributed` (a user's own
 script runs it; the toolkit's backend turns the op off) and creates
-/dev/shm/deepspeed_allreduce_buffer_* of 66 MiB a rank, which it never unlinks; Open MPI's
-shared-memory transport leaves its vader_segment.* files when mpirun is killed. Every such job
-leaked them (132 MiB a 2-rank DeepSpeed job, seen after each test run here), and a fuller
-/dev/shm turns the toolkit's shared-memory allreduce off (`ddp.allreduce` and
-`deepspeed.allreduce`: auto) or fails jobs in containers, whose /dev/shm is 64 MiB by default.
+/dev/shm/deepspeed_allreduce_buffer_* of 66 MiB a rank, which it never unlinks: every such job
+leaked 132 MiB with 2 ranks (seen after each test run here). Open MPI's shared-memory transport
+leaves its vader_segment.* files when mpirun is killed. `horovodrun --gloo` makes a
+multiprocessing Event per rank in the spawn context (safe_shell_exec.execute), five named
+semaphores each (/dev/shm/sem.mp-*), which Python unlinks only when horovodrun exits normally
+or its resource tracker outlives it: SIGKILLed with its tracker it leaves them (ten were found
+after a `make test`). A fuller /dev/shm turns the toolkit's shared-memory allreduce off
+(`ddp.allreduce` and `deepspeed.allreduce`: auto) or fails jobs in containers, whose /dev/shm
+is 64 MiB by default.
 When a job's local processes have stopped, the supervisor removes the files it can tell the job
 made: named by an engine, owned by this user, created since the job started, and mapped by no
 live process (another job's are in use, or older); if the supervisor was killed, its watchdog
@@ -16,14 +20,33 @@ does (parent_death.py), and on every other host of the job the remote sweep does
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from toolkit import shm_layout
 
 SHM_DIRECTORY = Path(shm_layout.SHM_DIRECTORY)
 DEEPSPEED_BUFFERS = "deepspeed_allreduce_buffer_*"
-ENGINE_FILES = (DEEPSPEED_BUFFERS, "vader_segment.*")
+PYTHON_SEMAPHORES = "sem.mp-*"
+ENGINE_FILES = (DEEPSPEED_BUFFERS, "vader_segment.*", PYTHON_SEMAPHORES)
+
+
+def _mappings(directory: Path, processes: Iterable[str] | None) -> Iterator[tuple[str, int]]:
+    """(path, inode) of each mapping of a file under `directory` by a live process, or by one
+    of `processes` (/proc entries: pids, or "self")."""
+    prefix = f"{directory}/"
+    if processes is None:
+        processes = filter(str.isdigit, os.listdir("/proc"))
+    for pid in processes:
+        try:
+            with open(f"/proc/{pid}/maps") as maps:
+                lines = maps.readlines()
+        except OSError:  # ended meanwhile, or not ours to read
+            continue
+        for line in lines:
+            fields = line.split(maxsplit=5)  # address perms offset device inode path
+            if len(fields) == 6 and fields[5].startswith(prefix):
+                yield fields[5].rstrip("\n").removesuffix(" (deleted)"), int(fields[4])
 
 
 def mapped_files(
@@ -31,26 +54,25 @@ def mapped_files(
 ) -> set[str]:
     """Paths under `directory` that some live process has mapped (those it may read), or one
     of `processes` (/proc entries: pids, or "self")."""
-    prefix = f"{directory}/"
-    found: set[str] = set()
-    if processes is None:
-        processes = filter(str.isdigit, os.listdir("/proc"))
-    for pid in processes:
-        try:
-            with open(f"/proc/{pid}/maps") as maps:
-                for line in maps:
-                    path = line.split(maxsplit=5)[5:]
-                    if path and path[0].startswith(prefix):
-                        found.add(path[0].rstrip("\n").removesuffix(" (deleted)"))
-        except OSError:  # ended meanwhile, or not ours to read
-            continue
-    return found
+    return {path for path, _ in _mappings(directory, processes)}
+
+
+def mapped_inodes(
+    directory: Path = SHM_DIRECTORY, processes: Iterable[str] | None = None
+) -> set[int]:
+    """The inodes of the files under `directory` that some live process has mapped.
+
+    By inode, not by path, because a file can be mapped under a name it no longer has: glibc's
+    sem_open maps a temporary /dev/shm/sem.XXXXXX, links it to the semaphore's name and
+    unlinks the temporary one, so /proc/PID/maps of every process using a named semaphore
+    shows a path that does not exist (and none shows sem.mp-*)."""
+    return {inode for _, inode in _mappings(directory, processes)}
 
 
 def leftovers(since: float, directory: Path = SHM_DIRECTORY) -> list[Path]:
     """The engine files in `directory` created at or after `since` (a time.time()) by this
     user that no live process maps."""
-    candidates = []
+    candidates: dict[Path, int] = {}
     for pattern in ENGINE_FILES:
         for path in directory.glob(pattern):
             try:
@@ -58,11 +80,11 @@ def leftovers(since: float, directory: Path = SHM_DIRECTORY) -> list[Path]:
             except OSError:
                 continue
             if status.st_uid == os.getuid() and status.st_ctime >= since:
-                candidates.append(path)
+                candidates[path] = status.st_ino
     if not candidates:
         return []
-    in_use = mapped_files(directory)
-    return sorted(path for path in candidates if str(path) not in in_use)
+    in_use = mapped_inodes(directory)
+    return sorted(path for path, inode in candidates.items() if inode not in in_use)
 
 
 def remove_leftovers(since: float, directory: Path = SHM_DIRECTORY) -> list[Path]:
