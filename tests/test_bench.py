@@ -3,6 +3,7 @@ the reports (JSON -> table, PNG, BENCHMARKS.md) and the CLI's refusals. No proce
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -71,6 +72,14 @@ def test_case_spec_pins_the_workload_over_the_users_spec() -> None:
     pipeline = next(c for c in cases.CASES if c.name.startswith("pipeline"))
     batch = case_spec(user, pipeline).batch_for()
     assert (batch.global_, batch.micro, batch.accumulation) == (128, 32, 4)
+
+
+def test_the_benchs_ranks_replace_the_specs_processes() -> None:
+    """`--ranks 1` (Workload.ranks) runs one process whatever the user's spec says."""
+    ddp = cases.CASES[0]
+    one = dataclasses.replace(ddp, workload=dataclasses.replace(ddp.workload, ranks=1))
+    spec = case_spec(TrainSpec.from_dict({"launch": {"np": 4}}), one)
+    assert spec.launch.np == 1 and spec.batch_for().global_ == 64
 
 
 def test_workload_counts_the_issues_mlp() -> None:
@@ -401,6 +410,10 @@ def test_report_command_writes_benchmarks_md(tmp_path: Path) -> None:
         (["bench", "allreduce", "--sweeps", "nothing-matches"], "--sweeps ['nothing-matches']"),
         (["bench", "memory", "--cases", "nothing-matches"], "--cases ['nothing-matches']"),
         (["bench", "bubble", "--layers", "16,8"], "--layers 16,8: 1 layer cannot fill 2"),
+        (
+            ["bench", "step", "--all", "--cases", "pipeline", "--ranks", "3"],
+            "--ranks 3: case pipeline2x4/deepspeed has 2 pipeline stages",
+        ),
     ],
 )
 def test_cli_refuses_bad_input_in_one_line(

@@ -37,7 +37,24 @@ def _step_command(args: argparse.Namespace) -> str:
         words += ["--layers", ",".join(map(str, args.layers))]
     if args.micro:
         words += ["--micro", str(args.micro)]
+    if args.ranks:
+        words += ["--ranks", str(args.ranks)]
     return " ".join(words)
+
+
+def _check_ranks_fill_stages(ranks: int, user: Any, cases: list[Any]) -> None:
+    """--ranks must be a whole number of pipelines for every case that has one."""
+    from toolkit.bench.step import pipeline_stages
+
+    for case in cases:
+        stages = pipeline_stages(case.spec) if "pipeline" in case.spec else user.pipeline.stages
+        if ranks % stages:
+            raise ToolkitError(
+                f"--ranks {ranks}: case {case.name} has {stages} pipeline stages, and the "
+                "ranks must be a multiple of them",
+                f"give --ranks {stages * max(1, ranks // stages)}, or leave the case out "
+                "with --cases",
+            )
 
 
 def run_step(args: argparse.Namespace) -> int:
@@ -63,7 +80,7 @@ def run_step(args: argparse.Namespace) -> int:
             raise ToolkitError(f"--cases {args.cases}: matches no case", f"cases: {names}")
     overrides = {
         key: value
-        for key, value in (("layers", args.layers), ("micro", args.micro))
+        for key, value in (("layers", args.layers), ("micro", args.micro), ("ranks", args.ranks))
         if value is not None
     }
     if overrides:
@@ -71,6 +88,8 @@ def run_step(args: argparse.Namespace) -> int:
             dataclasses.replace(c, workload=dataclasses.replace(c.workload, **overrides))
             for c in selected
         ]
+    if args.ranks:
+        _check_ranks_fill_stages(args.ranks, user, selected)
     patches = args.patch
     if args.in_process and not patches:
         from toolkit.bench.inprocess import DEFAULT_PATCHES

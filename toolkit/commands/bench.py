@@ -132,6 +132,12 @@ def register(subparsers: Any) -> None:
     )
     step.add_argument("--layers", type=_layers, default=None, help="MLP widths (default issue's)")
     step.add_argument("--micro", type=_positive, default=None, help="samples per rank per step")
+    step.add_argument(
+        "--ranks",
+        type=_positive,
+        default=None,
+        help="processes (default 2, the issue's); the bench sets launch.np, not the spec",
+    )
     step.add_argument("--out", default=DEFAULT_OUT, help="where NAME.json and NAME.png go")
     step.add_argument("--name", default="step", help="file name stem (default step)")
     step.set_defaults(func=_run("run_step"))
