@@ -9,6 +9,8 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
+from toolkit.launch.shm_leftovers import SHM_DIRECTORY, mapped_inodes
+
 # Set by others, not by tests: pytest rewrites PYTEST_CURRENT_TEST at every phase of every
 # test, and torch sets TORCHINDUCTOR_CACHE_DIR the first time an optimizer step imports
 # torch._dynamo.
@@ -34,6 +36,33 @@ def no_environ_leak() -> Iterator[None]:
             else:
                 del os.environ[key]
         pytest.fail(f"test changed os.environ and did not restore it: {', '.join(changed)}")
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_in_shared_memory() -> Iterator[None]:
+    """Fail any test after which /dev/shm holds a file of this user's that it did not hold
+    before and that no live process maps (an engine's, Python's or the toolkit's own, which
+    the job's supervisor should have removed), and remove those files first."""
+    if not SHM_DIRECTORY.is_dir():
+        yield
+        return
+    before = set(os.listdir(SHM_DIRECTORY))
+    yield
+    new = [SHM_DIRECTORY / name for name in set(os.listdir(SHM_DIRECTORY)) - before]
+    if not new:
+        return
+    in_use = mapped_inodes(SHM_DIRECTORY)
+    left = []
+    for path in new:
+        try:
+            status = path.stat()
+        except OSError:  # removed meanwhile
+            continue
+        if status.st_uid == os.getuid() and status.st_ino not in in_use:
+            path.unlink(missing_ok=True)
+            left.append(path.name)
+    if left:
+        pytest.fail(f"test left files in {SHM_DIRECTORY} (now removed): {', '.join(sorted(left))}")
 
 
 @pytest.fixture
