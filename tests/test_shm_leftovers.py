@@ -14,7 +14,13 @@ import pytest
 
 from tests.supervised import in_background, rank, under, wait_for_ranks
 from toolkit.launch import run_launcher, run_local
-from toolkit.launch.shm_leftovers import SHM_DIRECTORY, leftovers, mapped_files, remove_leftovers
+from toolkit.launch.shm_leftovers import (
+    PYTHON_SEMAPHORES,
+    SHM_DIRECTORY,
+    leftovers,
+    mapped_files,
+    remove_leftovers,
+)
 
 
 def test_only_new_unmapped_engine_files_are_leftovers(tmp_path: Path) -> None:
@@ -25,13 +31,15 @@ def test_only_new_unmapped_engine_files_are_leftovers(tmp_path: Path) -> None:
     deepspeed = tmp_path / "deepspeed_allreduce_buffer_0_127.0.0.1_29500_0"
     vader = tmp_path / "vader_segment.vm.0.2.1"
     semaphore = tmp_path / "sem.mp-k3x9q2ab"
+    joblibs = tmp_path / "sem.loky-4242-k3x9q2ab"
     other = tmp_path / "torch_shm_segment"
     mapped = tmp_path / "deepspeed_allreduce_buffer_0_127.0.0.1_29500_1"
-    for path in (deepspeed, vader, semaphore, other, mapped):
+    for path in (deepspeed, vader, semaphore, joblibs, other, mapped):
         path.write_bytes(b"\0" * mmap.PAGESIZE)
+    expected = [deepspeed, joblibs, semaphore, vader]
     with mapped.open("r+b") as file, mmap.mmap(file.fileno(), mmap.PAGESIZE):
-        assert leftovers(since, tmp_path) == [deepspeed, semaphore, vader]
-        assert remove_leftovers(since, tmp_path) == [deepspeed, semaphore, vader]
+        assert leftovers(since, tmp_path) == expected
+        assert remove_leftovers(since, tmp_path) == expected
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [before.name, other.name, mapped.name]
     )
@@ -40,16 +48,18 @@ def test_only_new_unmapped_engine_files_are_leftovers(tmp_path: Path) -> None:
 def test_a_live_python_semaphore_is_in_use_and_an_unmapped_one_is_a_leftover() -> None:
     """Named semaphores (multiprocessing in the spawn context, as horovodrun --gloo makes them)
     are mapped under a temporary name glibc has already unlinked; leftovers tells them by
-    inode."""
+    inode. Their names are sem.mp-* or, once TensorFlow has imported joblib in this process,
+    sem.loky-*: both are the sweep's."""
     since = time.time() - 1  # file times lag the clock by up to a tick
-    before = set(SHM_DIRECTORY.glob("sem.mp-*"))
+    before = set(SHM_DIRECTORY.glob("sem.*"))
     event = multiprocessing.get_context("spawn").Event()
-    live = set(SHM_DIRECTORY.glob("sem.mp-*")) - before
+    live = set(SHM_DIRECTORY.glob("sem.*")) - before
     unmapped = SHM_DIRECTORY / f"sem.mp-toolkit-test-{uuid.uuid4().hex[:8]}"
     unmapped.write_bytes(b"\0" * 32)
     try:
         found = set(leftovers(since))
         assert len(live) == 5 and not live & found  # an Event is five semaphores
+        assert all(any(p.match(name) for name in PYTHON_SEMAPHORES) for p in live), live
         assert unmapped in found
     finally:
         unmapped.unlink(missing_ok=True)

@@ -8,9 +8,10 @@ leaves its vader_segment.* files when mpirun is killed. `horovodrun --gloo` make
 multiprocessing Event per rank in the spawn context (safe_shell_exec.execute), five named
 semaphores each (/dev/shm/sem.mp-*), which Python unlinks only when horovodrun exits normally
 or its resource tracker outlives it: SIGKILLed with its tracker it leaves them (ten were found
-after a `make test`). A fuller /dev/shm turns the toolkit's shared-memory allreduce off
-(`ddp.allreduce` and `deepspeed.allreduce`: auto) or fails jobs in containers, whose /dev/shm
-is 64 MiB by default.
+after a `make test`). In a process that has imported joblib (TensorFlow's import brings it in
+here) they are named sem.loky-PID-*: joblib's loky renames every multiprocessing semaphore. A
+fuller /dev/shm turns the toolkit's shared-memory allreduce off (`ddp.allreduce` and
+`deepspeed.allreduce`: auto) or fails jobs in containers, whose /dev/shm is 64 MiB by default.
 When a job's local processes have stopped, the supervisor removes the files it can tell the job
 made: named by an engine, owned by this user, created since the job started, and mapped by no
 live process (another job's are in use, or older); if the supervisor was killed, its watchdog
@@ -27,8 +28,8 @@ from toolkit import shm_layout
 
 SHM_DIRECTORY = Path(shm_layout.SHM_DIRECTORY)
 DEEPSPEED_BUFFERS = "deepspeed_allreduce_buffer_*"
-PYTHON_SEMAPHORES = "sem.mp-*"
-ENGINE_FILES = (DEEPSPEED_BUFFERS, "vader_segment.*", PYTHON_SEMAPHORES)
+PYTHON_SEMAPHORES = ("sem.mp-*", "sem.loky-*")
+ENGINE_FILES = (DEEPSPEED_BUFFERS, "vader_segment.*", *PYTHON_SEMAPHORES)
 
 
 def _mappings(directory: Path, processes: Iterable[str] | None) -> Iterator[tuple[str, int]]:
