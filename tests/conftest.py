@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from toolkit.launch.shm_leftovers import SHM_DIRECTORY, mapped_inodes
+from toolkit.launch.shm_leftovers import SHM_DIRECTORY, unused_files
 
 # Set by others, not by tests: pytest rewrites PYTEST_CURRENT_TEST at every phase of every
 # test, and torch sets TORCHINDUCTOR_CACHE_DIR the first time an optimizer step imports
@@ -49,20 +49,12 @@ def nothing_left_in_shared_memory() -> Iterator[None]:
     before = set(os.listdir(SHM_DIRECTORY))
     yield
     new = [SHM_DIRECTORY / name for name in set(os.listdir(SHM_DIRECTORY)) - before]
-    if not new:
-        return
-    in_use = mapped_inodes(SHM_DIRECTORY)
-    left = []
-    for path in new:
-        try:
-            status = path.stat()
-        except OSError:  # removed meanwhile
-            continue
-        if status.st_uid == os.getuid() and status.st_ino not in in_use:
-            path.unlink(missing_ok=True)
-            left.append(path.name)
+    left = unused_files(new)
+    for path in left:
+        path.unlink(missing_ok=True)
     if left:
-        pytest.fail(f"test left files in {SHM_DIRECTORY} (now removed): {', '.join(sorted(left))}")
+        names = ", ".join(path.name for path in left)
+        pytest.fail(f"test left files in {SHM_DIRECTORY} (now removed): {names}")
 
 
 @pytest.fixture

@@ -70,22 +70,30 @@ def mapped_inodes(
     return {inode for _, inode in _mappings(directory, processes)}
 
 
-def leftovers(since: float, directory: Path = SHM_DIRECTORY) -> list[Path]:
-    """The engine files in `directory` created at or after `since` (a time.time()) by this
-    user that no live process maps."""
+def unused_files(
+    paths: Iterable[Path], directory: Path = SHM_DIRECTORY, since: float = 0.0
+) -> list[Path]:
+    """Those of `paths` (files in `directory`) that this user created at or after `since` (a
+    time.time()) and that no live process maps."""
     candidates: dict[Path, int] = {}
-    for pattern in ENGINE_FILES:
-        for path in directory.glob(pattern):
-            try:
-                status = path.stat()
-            except OSError:
-                continue
-            if status.st_uid == os.getuid() and status.st_ctime >= since:
-                candidates[path] = status.st_ino
+    for path in paths:
+        try:
+            status = path.stat()
+        except OSError:  # removed meanwhile
+            continue
+        if status.st_uid == os.getuid() and status.st_ctime >= since:
+            candidates[path] = status.st_ino
     if not candidates:
         return []
     in_use = mapped_inodes(directory)
     return sorted(path for path, inode in candidates.items() if inode not in in_use)
+
+
+def leftovers(since: float, directory: Path = SHM_DIRECTORY) -> list[Path]:
+    """The engine files in `directory` created at or after `since` (a time.time()) by this
+    user that no live process maps."""
+    found = (path for pattern in ENGINE_FILES for path in directory.glob(pattern))
+    return unused_files(found, directory, since)
 
 
 def remove_leftovers(since: float, directory: Path = SHM_DIRECTORY) -> list[Path]:
