@@ -382,6 +382,9 @@ def test_reports_write_tables_pngs_and_markdown(tmp_path: Path) -> None:
     assert "![bubble](docs/bench/bubble.png)" in text
     assert "## Findings" in text and "(docs/bench/step.png)" in text
     assert "| ddp/torchrun | 60.0 | 61.0 | 60.5 |" in text
+    # The targets, read from the same files, open the page.
+    assert text.index("## Targets") < text.index("## Findings") < text.index("## Figures")
+    assert "| toolkit / native step ≤ 1.01 | ddp/torchrun | 1.015 [" in text
     assert "toolkit / floor" in text and "| 40.0 + 3.5 |" in text
     assert "floor = compute + move" in step_report.table(step)
     assert "![allreduce](docs/bench/allreduce.png)" in text
@@ -547,3 +550,12 @@ def test_the_horovod_own_wait_patch_skips_the_toolkits_wait_and_puts_it_back() -
         assert wait_quietly([object()]) is None
     with pytest.raises(AssertionError, match="should have replaced"):
         wait_quietly([])
+
+
+def test_a_benchs_context_names_the_commit_and_the_minutes_it_ran() -> None:
+    context = record.machine()
+    finished = record.finish(context)
+    assert "started" not in finished and finished["minutes"] >= 0
+    # The tests run from a git checkout, so the commit is known.
+    assert len(finished["commit"].removesuffix("+changes")) == 12
+    json.dumps(finished)  # what every bench writes must be JSON

@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from toolkit.bench import record
+from toolkit.bench import record, targets
 from toolkit.units import MIB, size_label
 
 
@@ -30,10 +30,13 @@ def _machine(data: dict[str, Any]) -> str:
     m = data["machine"]
     start = ", ".join(f"{x:.1f}" for x in m["load_average_start"])
     end = ", ".join(f"{x:.1f}" for x in m.get("load_average_end", []))
-    cpu = f" ({m['cpu']})" if "cpu" in m else ""  # runs before 2026-11-26 did not record it
+    # Runs before 2026-11-26 did not record the CPU; before 2026-11-28, the commit and minutes.
+    cpu = f" ({m['cpu']})" if "cpu" in m else ""
+    commit = f", toolkit {m['commit']}" if m.get("commit") else ""
+    minutes = f" in {m['minutes']:g} min" if "minutes" in m else ""
     return (
-        f"Run {m['date']} on {m['cpus']} cores{cpu}; load average (1, 5, 15 min) {start} at the "
-        f"start, {end} at the end. Command: `{data['command']}`."
+        f"Run {m['date']}{minutes} on {m['cpus']} cores{cpu}{commit}; load average (1, 5, "
+        f"15 min) {start} at the start, {end} at the end. Command: `{data['command']}`."
     )
 
 
@@ -287,6 +290,7 @@ def render(directory: Path, *, image_prefix: str) -> str:
         f"`{image_prefix.rstrip('/')}/findings.md`."
     )
     lines.append("")
+    lines += targets.section(directory)
     findings = directory / "findings.md"
     if findings.exists():
         lines += [findings.read_text().rstrip(), ""]

@@ -7,6 +7,8 @@ import datetime
 import json
 import os
 import platform
+import subprocess
+import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -35,9 +37,34 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def toolkit_commit() -> str | None:
+    """The commit of the toolkit checkout that ran the bench, with `+changes` when the
+    package's files differ from it (results the bench writes into docs/ do not count); None
+    outside a git checkout (an installed wheel)."""
+    package = Path(__file__).resolve().parents[1]
+
+    def git(*words: str) -> str | None:
+        try:
+            done = subprocess.run(
+                ["git", "-C", str(package), *words], capture_output=True, text=True, timeout=30
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "--short=12", "HEAD")
+    if commit is None:
+        return None
+    return commit + (
+        "+changes" if git("status", "--porcelain", "--untracked-files=no", "--", ".") else ""
+    )
+
+
 def machine() -> dict[str, Any]:
     return {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "started": time.monotonic(),
+        "commit": toolkit_commit(),
         "host": platform.node(),
         "cpu": cpu_model(),
         "cpus": os.cpu_count(),
@@ -48,8 +75,11 @@ def machine() -> dict[str, Any]:
 
 
 def finish(context: dict[str, Any]) -> dict[str, Any]:
-    """The context with the load average at the end (other jobs come and go during a run)."""
-    return {**context, "load_average_end": list(os.getloadavg())}
+    """The context with the load average at the end (other jobs come and go during a run) and
+    the run's wall minutes."""
+    finished = {key: value for key, value in context.items() if key != "started"}
+    finished["minutes"] = round((time.monotonic() - context["started"]) / 60, 1)
+    return {**finished, "load_average_end": list(os.getloadavg())}
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

@@ -1,0 +1,162 @@
+"""The targets table at the top of BENCHMARKS.md: verdicts read from the benches' JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from toolkit.bench import stats, targets
+from toolkit.units import MIB
+
+MACHINE = {"date": "2026-11-28T06:00:00+00:00", "cpus": 2, "load_average_start": [1, 1, 1]}
+
+
+def _spread(median: float, low: float, high: float) -> dict[str, Any]:
+    return {"median": median, "low": low, "high": high, "ci_low": low, "ci_high": high, "n": 5}
+
+
+def _step_case(name: str, backend: str, framework: str | None, **ratios: Any) -> dict[str, Any]:
+    return {
+        "case": name,
+        "spec": {"backend": backend, "framework": framework},
+        "ratio_to_baseline": {},
+        **ratios,
+    }
+
+
+def test_a_ratio_is_met_only_when_its_whole_interval_is_inside_the_bound() -> None:
+    assert targets.verdict_at_most(_spread(1.004, 0.99, 1.009), 1.01) == targets.MET
+    assert targets.verdict_at_most(_spread(1.004, 0.99, 1.02), 1.01) == targets.MEDIAN_ONLY
+    assert targets.verdict_at_most(_spread(1.02, 1.001, 1.03), 1.01) == targets.MISSED
+    nan = math.nan
+    assert targets.verdict_at_most(_spread(nan, nan, nan), 1.01) == targets.NOT_RUN
+
+
+def test_a_figure_without_an_interval_is_met_or_missed_by_its_distance() -> None:
+    assert targets.verdict_within(0.96, 1.0, 0.05) == targets.MET
+    assert targets.verdict_within(0.94, 1.0, 0.05) == targets.MISSED
+    assert targets.verdict_within(0.14, 0.111, 0.03) == targets.MET
+    assert targets.verdict_within(0.15, 0.111, 0.03) == targets.MISSED
+
+
+def test_the_adapter_is_judged_over_launches_where_the_run_kept_them() -> None:
+    cycles = _spread(1.005, 1.0, 1.009)
+    launches = _spread(1.012, 1.0, 1.03)
+    case = _step_case(
+        "ddp/torchrun",
+        "ddp",
+        None,
+        ratio_to_baseline={"toolkit": cycles, "native-again": cycles},
+        launch_ratio_to_baseline={"toolkit": launches, "native-again": _spread(1.0, 0.98, 1.02)},
+    )
+    [row] = targets.adapter_rows({"cases": [case]}, "step-in-process.json")
+    assert row.verdict == targets.MISSED
+    assert row.figure == "1.012 [1.000, 1.030]; A/A 1.000 [0.980, 1.020]"
+    case.pop("launch_ratio_to_baseline")
+    [row] = targets.adapter_rows({"cases": [case]}, "step-in-process.json")
+    assert row.verdict == targets.MET
+
+
+def test_the_floor_takes_each_frameworks_best_case() -> None:
+    data = {
+        "cases": [
+            _step_case("ddp/torchrun", "ddp", None, toolkit_over_floor=_spread(1.27, 1.2, 1.3)),
+            _step_case(
+                "horovod-torch-mpi/horovodrun",
+                "horovod",
+                None,
+                toolkit_over_floor=_spread(1.46, 1.3, 1.6),
+            ),
+            _step_case("tf-mwms/local", "tf", None, toolkit_over_floor=_spread(1.66, 1.6, 1.7)),
+            _step_case(
+                "horovod-tf-mpi/horovodrun",
+                "horovod",
+                "tensorflow",
+                toolkit_over_floor=_spread(1.21, 1.12, 1.32),
+            ),
+        ]
+    }
+    rows = list(targets.floor_rows(data, "step-floor.json"))
+    assert [row.target for row in rows] == [
+        "best tensorflow choice / physical floor ≤ 1.25",
+        "best torch choice / physical floor ≤ 1.25",
+    ]
+    assert [(row.subject, row.verdict) for row in rows] == [
+        ("horovod-tf-mpi/horovodrun", targets.MEDIAN_ONLY),
+        ("ddp/torchrun", targets.MISSED),
+    ]
+
+
+def test_the_allreduce_compares_the_toolkits_in_place_path_where_there_is_one() -> None:
+    size = str(64 * MIB)
+    data = {
+        "toolkit_over_raw_busbw": {
+            "toolkit ddp (gloo)": {size: 0.58},
+            "toolkit ddp (gloo), in place": {size: 1.07},
+            "toolkit tf (ring)": {size: 0.97},
+        }
+    }
+    rows = {row.subject: row for row in targets.allreduce_rows(data, "allreduce.json")}
+    assert rows["toolkit ddp (gloo), in place"].verdict == targets.MET
+    assert "toolkit ddp (gloo)" not in rows
+    assert rows["toolkit tf (ring)"].verdict == targets.MISSED
+    assert rows["toolkit horovod (MPI), in place"].verdict == targets.NOT_RUN
+
+
+def test_the_bubble_is_read_for_the_toolkits_own_hand_offs() -> None:
+    def case(send_recv: str, measured: float) -> dict[str, Any]:
+        return {
+            "send_recv": send_recv,
+            "stages": 2,
+            "micro_batches": 8,
+            "formula": 1 / 9,
+            "measured": measured,
+            "difference": measured - 1 / 9,
+        }
+
+    data = {"cases": [case("gloo", 0.2), case("shared_memory", 0.14)]}
+    [row] = targets.bubble_rows(data, "bubble.json")
+    assert (row.subject, row.verdict) == ("2 stages, m = 8", targets.MET)
+    assert row.figure == "0.140 against 0.111 (+0.029)"
+
+
+def test_memory_gives_one_row_per_case_for_the_state_and_for_the_plan() -> None:
+    def case(name: str, state: float, resident: float) -> dict[str, Any]:
+        return {
+            "case": name,
+            "optimizer_state": {"ratio": state},
+            "resident": {"ratio": resident},
+        }
+
+    data = {"cases": [case("zero3/deepspeed", 1.0, 1.0), case("horovod/horovodrun", 1.0, 0.92)]}
+    verdicts = [(row.subject, row.verdict) for row in targets.memory_rows(data, "memory.json")]
+    assert verdicts == [
+        ("zero3/deepspeed", targets.MET),
+        ("horovod/horovodrun", targets.MET),
+        ("zero3/deepspeed", targets.MET),
+        ("horovod/horovodrun", targets.MISSED),
+    ]
+
+
+def test_the_section_counts_verdicts_and_is_empty_without_the_files(tmp_path: Path) -> None:
+    assert targets.section(tmp_path) == []
+    defaults = {
+        "machine": MACHINE,
+        "cases": [
+            _step_case(
+                "zero2/deepspeed",
+                "deepspeed",
+                None,
+                toolkit_over_defaults=stats.spread([0.7, 0.8, 0.85]).to_json(),
+            ),
+            _step_case("ddp/torchrun", "ddp", None, toolkit_over_defaults=None),
+        ],
+    }
+    (tmp_path / "step-vs-defaults.json").write_text(json.dumps(defaults))
+    lines = targets.section(tmp_path)
+    assert lines[0] == "## Targets"
+    assert "(run 2026-11-28): 1 met, 1 not run." in lines[2]
+    assert any("| zero2/deepspeed | 0.800 [" in line and "| met |" in line for line in lines)
+    assert any("| ddp/torchrun | - | **not run** |" in line for line in lines)

@@ -1,0 +1,222 @@
+"""Where the performance targets stand, read from the JSON `toolkit bench all` writes.
+
+BENCHMARKS.md opens with the table this makes (`toolkit bench report`), so that a reader sees
+each target, its figure and whether it holds before the thousand lines that explain them. Every
+row names the file and the figure it was read from; the files are the ones `toolkit bench all`
+writes in one run on one machine, so the rows compare.
+
+A verdict weighs the figure's spread where the bench gives one (a bootstrap 95% interval of
+the median over launches, toolkit.bench.stats):
+
+- met: the whole interval is on the target's side of the bound;
+- median only: the median is, but the interval reaches across the bound, so the run does not
+  tell the two apart;
+- missed: the median is on the wrong side.
+
+A figure without an interval (one census of memory, a bubble's median over steps, an
+allreduce's ratio of block medians) is met or missed. None of this is asserted in a test: the
+machine's speed is read, never enforced.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from toolkit.bench import record
+from toolkit.bench.allreduce import SWEEPS
+from toolkit.engines import engine
+from toolkit.units import MIB
+
+MET = "met"
+MEDIAN_ONLY = "median only"
+MISSED = "missed"
+NOT_RUN = "not run"
+
+ADAPTER_BOUND = 1.01
+ALLREDUCE_BOUND = 0.98
+ALLREDUCE_SIZE = 64 * MIB
+DEFAULTS_BOUND = 0.90
+FLOOR_BOUND = 1.25
+ZERO_STATE_TOLERANCE = 0.05
+BUBBLE_TOLERANCE = 0.03
+PLAN_TOLERANCE = 0.05
+BUBBLE_TRANSPORT = "shared_memory"
+"""The pipeline's hand-offs the toolkit uses where both stages share a host
+(`deepspeed.send_recv: auto`); the bubble's target is read for them."""
+
+
+@dataclass(frozen=True)
+class Row:
+    target: str
+    subject: str
+    figure: str
+    verdict: str
+    source: str
+
+
+def verdict_at_most(spread: dict[str, Any], bound: float) -> str:
+    """A ratio that should be at most `bound`, judged with its interval."""
+    if not math.isfinite(spread["median"]):
+        return NOT_RUN
+    if spread["median"] > bound:
+        return MISSED
+    return MET if spread["ci_high"] <= bound else MEDIAN_ONLY
+
+
+def verdict_within(value: float, centre: float, tolerance: float) -> str:
+    """A figure that should be within `tolerance` of `centre`."""
+    if not math.isfinite(value):
+        return NOT_RUN
+    return MET if abs(value - centre) <= tolerance else MISSED
+
+
+def spread_text(spread: dict[str, Any]) -> str:
+    return f"{spread['median']:.3f} [{spread['ci_low']:.3f}, {spread['ci_high']:.3f}]"
+
+
+def _over_launches(case: dict[str, Any], label: str) -> dict[str, Any] | None:
+    """`label` / native with its spread over launches where the run kept them (in-process:
+    launches, not pooled cycles, are the repetitions), else over repetitions."""
+    return (case.get("launch_ratio_to_baseline") or {}).get(label) or case["ratio_to_baseline"].get(
+        label
+    )
+
+
+def adapter_rows(data: dict[str, Any], source: str) -> Iterator[Row]:
+    target = f"toolkit / native step ≤ {ADAPTER_BOUND}"
+    for case in data["cases"]:
+        toolkit = _over_launches(case, "toolkit")
+        if not toolkit:
+            yield Row(target, case["case"], "-", NOT_RUN, source)
+            continue
+        again = _over_launches(case, "native-again")
+        noise = f"; A/A {spread_text(again)}" if again else ""
+        verdict = verdict_at_most(toolkit, ADAPTER_BOUND)
+        yield Row(target, case["case"], spread_text(toolkit) + noise, verdict, source)
+
+
+def defaults_rows(data: dict[str, Any], source: str) -> Iterator[Row]:
+    target = f"toolkit / the engine's own defaults ≤ {DEFAULTS_BOUND:.2f} where they leave room"
+    for case in data["cases"]:
+        ratio = case.get("toolkit_over_defaults")
+        if not ratio:
+            yield Row(target, case["case"], "-", NOT_RUN, source)
+            continue
+        verdict = verdict_at_most(ratio, DEFAULTS_BOUND)
+        yield Row(target, case["case"], spread_text(ratio), verdict, source)
+
+
+def _framework(case: dict[str, Any]) -> str:
+    spec = case["spec"]
+    return engine(spec["backend"], spec.get("framework")).framework
+
+
+def floor_rows(data: dict[str, Any], source: str) -> Iterator[Row]:
+    """The best case of each framework against its physical floor, by the median."""
+    best: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+    for case in data["cases"]:
+        ratio = case.get("launch_toolkit_over_floor") or case.get("toolkit_over_floor")
+        if not ratio or not math.isfinite(ratio["median"]):
+            continue
+        framework = _framework(case)
+        if framework not in best or ratio["median"] < best[framework][1]["median"]:
+            best[framework] = (case, ratio)
+    for framework, (case, ratio) in sorted(best.items()):
+        yield Row(
+            f"best {framework} choice / physical floor ≤ {FLOOR_BOUND}",
+            case["case"],
+            spread_text(ratio),
+            verdict_at_most(ratio, FLOOR_BOUND),
+            source,
+        )
+
+
+def allreduce_rows(data: dict[str, Any], source: str) -> Iterator[Row]:
+    """Each launcher's toolkit path that matches its raw call: in place where it has one."""
+    target = f"toolkit / raw allreduce busbw at {ALLREDUCE_SIZE // MIB} MiB ≥ {ALLREDUCE_BOUND}"
+    ratios = data["toolkit_over_raw_busbw"]
+    for sweep in SWEEPS:
+        label = sweep.series.get("toolkit-inplace") or sweep.series["toolkit"]
+        value = ratios.get(label, {}).get(str(ALLREDUCE_SIZE), math.nan)
+        if not math.isfinite(value):
+            verdict = NOT_RUN
+        else:
+            verdict = MET if value >= ALLREDUCE_BOUND else MISSED
+        yield Row(target, label, f"{value:.3f}", verdict, source)
+
+
+def memory_rows(data: dict[str, Any], source: str) -> Iterator[Row]:
+    state = f"ZeRO optimizer-state bytes per rank within {ZERO_STATE_TOLERANCE:.0%} of the formula"
+    plan = f"`toolkit plan` within {PLAN_TOLERANCE:.0%} of measured memory"
+    for case in data["cases"]:
+        measured = case["optimizer_state"]["ratio"]
+        verdict = verdict_within(measured, 1.0, ZERO_STATE_TOLERANCE)
+        yield Row(state, case["case"], f"measured / formula {measured:.3f}", verdict, source)
+    for case in data["cases"]:
+        measured = case["resident"]["ratio"]
+        verdict = verdict_within(measured, 1.0, PLAN_TOLERANCE)
+        yield Row(plan, case["case"], f"measured / plan {measured:.3f}", verdict, source)
+
+
+def bubble_rows(data: dict[str, Any], source: str) -> Iterator[Row]:
+    target = f"pipeline bubble within {BUBBLE_TOLERANCE} of (p-1)/(m+p-1)"
+    for case in data["cases"]:
+        if case.get("send_recv", BUBBLE_TRANSPORT) != BUBBLE_TRANSPORT:
+            continue
+        subject = f"{case['stages']} stages, m = {case['micro_batches']}"
+        figure = f"{case['measured']:.3f} against {case['formula']:.3f} ({case['difference']:+.3f})"
+        verdict = verdict_within(case["measured"], case["formula"], BUBBLE_TOLERANCE)
+        yield Row(target, subject, figure, verdict, source)
+
+
+READERS: tuple[tuple[str, Callable[[dict[str, Any], str], Iterator[Row]]], ...] = (
+    ("step-in-process.json", adapter_rows),
+    ("allreduce.json", allreduce_rows),
+    ("step-vs-defaults.json", defaults_rows),
+    ("step-floor.json", floor_rows),
+    ("memory.json", memory_rows),
+    ("bubble.json", bubble_rows),
+)
+"""Each file `toolkit bench all` writes, and what its targets are."""
+
+
+def rows(runs: dict[str, dict[str, Any]]) -> list[Row]:
+    """The targets' rows from `runs` (file name -> its JSON) of READERS' files."""
+    return [row for name, read in READERS if name in runs for row in read(runs[name], name)]
+
+
+def section(directory: Path) -> list[str]:
+    """The Markdown of the targets table, or nothing when none of `toolkit bench all`'s files
+    is in `directory`."""
+    runs = {
+        name: record.read_json(directory / name)
+        for name, _ in READERS
+        if (directory / name).exists()
+    }
+    found = rows(runs)
+    if not found:
+        return []
+    dates = sorted({str(data["machine"]["date"])[:10] for data in runs.values()})
+    counts = {
+        verdict: sum(row.verdict == verdict for row in found)
+        for verdict in (MET, MEDIAN_ONLY, MISSED, NOT_RUN)
+    }
+    lines = ["## Targets", ""]
+    lines.append(
+        f"Read from the files `toolkit bench all` writes (run {', '.join(dates)}): "
+        + ", ".join(f"{count} {verdict}" for verdict, count in counts.items() if count)
+        + ". Met: the whole 95% interval is inside the bound; median only: the median is, "
+        "its interval is not; missed: the median is outside. Figures with no interval are met "
+        "or missed. Why each figure is what it is: the findings below."
+    )
+    lines += ["", "| target | case | figure | verdict | from |", "|---|---|---|---|---|"]
+    for row in found:
+        verdict = row.verdict if row.verdict == MET else f"**{row.verdict}**"
+        lines.append(
+            f"| {row.target} | {row.subject} | {row.figure} | {verdict} | `{row.source}` |"
+        )
+    return [*lines, ""]
