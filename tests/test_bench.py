@@ -559,3 +559,5 @@ def test_a_benchs_context_names_the_commit_and_the_minutes_it_ran() -> None:
     # The tests run from a git checkout, so the commit is known.
     assert len(finished["commit"].removesuffix("+changes")) == 12
     json.dumps(finished)  # what every bench writes must be JSON
+    if "cpu family" in Path("/proc/cpuinfo").read_text():
+        assert " family " in finished["cpu"] and " model " in finished["cpu"]

@@ -160,3 +160,5 @@ def test_the_section_counts_verdicts_and_is_empty_without_the_files(tmp_path: Pa
     assert "(run 2026-11-28): 1 met, 1 not run." in lines[2]
     assert any("| zero2/deepspeed | 0.800 [" in line and "| met |" in line for line in lines)
     assert any("| ddp/torchrun | - | **not run** |" in line for line in lines)
+    # Each row names its file and the day that file's run began.
+    assert lines[-2].endswith("| `step-vs-defaults.json`, 2026-11-28 |")

@@ -23,18 +23,37 @@ def _version(package: str) -> str | None:
         return None
 
 
-def cpu_model() -> str:
-    """The processor's name as the kernel reports it: figures of two sessions compare only on
-    the same model (this project's machines have been an Intel CPU with AMX and an AMD EPYC,
-    both called "vm" with 2 cores)."""
+CPU_FEATURES = ("avx2", "avx512f", "amx_tile")
+"""The vector units that set a CPU step's speed, recorded beside the model name."""
+
+
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo (empty where there is none)."""
+    fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as cpuinfo:
             for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.partition(":")[2].strip()
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
     except OSError:
         pass
-    return platform.processor() or "unknown"
+    return fields
+
+
+def cpu_model() -> str:
+    """The processor's name as the kernel reports it, with its family and model numbers and
+    its vector units: figures of two sessions compare only on the same CPU. This project's
+    machines have been an Intel CPU with AMX and two kinds of AMD EPYC, one with AVX-512 and
+    one without, all called "vm" with 2 cores and both EPYCs named just "AMD EPYC"."""
+    fields = _cpuinfo()
+    name = fields.get("model name") or platform.processor() or "unknown"
+    if "cpu family" not in fields:
+        return name
+    flags = set(fields.get("flags", "").split())
+    units = "+".join(unit for unit in CPU_FEATURES if unit in flags) or "no AVX2"
+    return f"{name}, family {fields['cpu family']} model {fields.get('model', '?')}, {units}"
 
 
 def toolkit_commit() -> str | None:

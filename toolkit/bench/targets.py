@@ -2,8 +2,9 @@
 
 BENCHMARKS.md opens with the table this makes (`toolkit bench report`), so that a reader sees
 each target, its figure and whether it holds before the thousand lines that explain them. Every
-row names the file and the figure it was read from; the files are the ones `toolkit bench all`
-writes in one run on one machine, so the rows compare.
+row names the file it was read from and the day that file's run began: `toolkit bench all`
+writes them all in one run on one machine, where the rows compare, but each bench can also be
+run alone and replace its own file.
 
 A verdict weighs the figure's spread where the bench gives one (a bootstrap 95% interval of
 the median over launches, toolkit.bench.stats):
@@ -185,8 +186,14 @@ READERS: tuple[tuple[str, Callable[[dict[str, Any], str], Iterator[Row]]], ...] 
 
 
 def rows(runs: dict[str, dict[str, Any]]) -> list[Row]:
-    """The targets' rows from `runs` (file name -> its JSON) of READERS' files."""
-    return [row for name, read in READERS if name in runs for row in read(runs[name], name)]
+    """The targets' rows from `runs` (file name -> its JSON) of READERS' files, each row's
+    source named with the day its run began: files of different runs may stand side by side."""
+    return [
+        row
+        for name, read in READERS
+        if name in runs
+        for row in read(runs[name], f"`{name}`, {str(runs[name]['machine']['date'])[:10]}")
+    ]
 
 
 def section(directory: Path) -> list[str]:
@@ -213,10 +220,8 @@ def section(directory: Path) -> list[str]:
         "its interval is not; missed: the median is outside. Figures with no interval are met "
         "or missed. Why each figure is what it is: the findings below."
     )
-    lines += ["", "| target | case | figure | verdict | from |", "|---|---|---|---|---|"]
+    lines += ["", "| target | case | figure | verdict | from, run on |", "|---|---|---|---|---|"]
     for row in found:
         verdict = row.verdict if row.verdict == MET else f"**{row.verdict}**"
-        lines.append(
-            f"| {row.target} | {row.subject} | {row.figure} | {verdict} | `{row.source}` |"
-        )
+        lines.append(f"| {row.target} | {row.subject} | {row.figure} | {verdict} | {row.source} |")
     return [*lines, ""]
