@@ -202,7 +202,8 @@ def register(subparsers: Any) -> None:
     report.set_defaults(func=_run("run_report"))
 
     everything = commands.add_parser(
-        "all", help="every benchmark BENCHMARKS.md shows, then the report (about 80 minutes)"
+        "all",
+        help="every benchmark BENCHMARKS.md shows, then the report (about 100 minutes on 2 cores)",
     )
     add_spec(everything)
     everything.add_argument("--dir", default="docs/bench", help="where results go")
