@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from toolkit.bench import stats, targets
+from toolkit.bench import runs, stats, targets
 from toolkit.units import MIB
 
 MACHINE = {"date": "2026-11-28T06:00:00+00:00", "cpus": 2, "load_average_start": [1, 1, 1]}
@@ -162,3 +162,11 @@ def test_the_section_counts_verdicts_and_is_empty_without_the_files(tmp_path: Pa
     assert any("| ddp/torchrun | - | **not run** |" in line for line in lines)
     # Each row names its file and the day that file's run began.
     assert lines[-2].endswith("| `step-vs-defaults.json`, 2026-11-28 |")
+
+
+def test_every_target_is_read_from_a_file_bench_all_writes() -> None:
+    commands = runs.all_runs("spec.yaml", 3, "out")
+    assert sorted(name for name, _ in targets.READERS) == sorted(commands)
+    for name, argv in commands.items():
+        if "--name" in argv:  # a step run names its file; the others write their own
+            assert f"{argv[argv.index('--name') + 1]}.json" == name

@@ -284,22 +284,28 @@ FLOOR_CASES = ("ddp", "horovod-torch-mpi", "tf-mwms", "horovod-tf-mpi")
 """The fastest torch and TF engines here (BENCHMARKS.md), measured against the physical floor."""
 
 
+def all_runs(spec: str, reps: int, directory: str) -> dict[str, list[str]]:
+    """The benches `toolkit bench all` runs, as CLI arguments, by the JSON file each writes in
+    `directory` (the files BENCHMARKS.md's targets are read from, toolkit.bench.targets)."""
+    out = ["--out", directory]
+    step = ["bench", "step", "--spec", spec, "--all", "--reps", str(reps)]
+    floor = ["--floor", "--name", "step-floor", "--cases", *FLOOR_CASES]
+    return {
+        "step-in-process.json": [*step, "--in-process", "--name", "step-in-process", *out],
+        "step-vs-defaults.json": [*step, "--vs-defaults", "--name", "step-vs-defaults", *out],
+        "step-floor.json": [*step, *floor, *out],
+        "allreduce.json": ["bench", "allreduce", "--full", *out],
+        "memory.json": ["bench", "memory", *out],
+        "bubble.json": ["bench", "bubble", *out],
+    }
+
+
 def run_all(args: argparse.Namespace) -> int:
     """What BENCHMARKS.md shows, each through the CLI itself so the JSON records its command."""
     from toolkit.cli import main
 
-    out = ["--out", args.dir]
-    step = ["bench", "step", "--spec", args.spec, "--all", "--reps", str(args.reps)]
-    runs = [
-        [*step, "--in-process", "--name", "step-in-process", *out],
-        [*step, "--vs-defaults", *out],
-        [*step, "--floor", "--name", "step-floor", "--cases", *FLOOR_CASES, *out],
-        ["bench", "allreduce", "--full", *out],
-        ["bench", "memory", *out],
-        ["bench", "bubble", *out],
-    ]
     status = 0
-    for argv in runs:
+    for argv in all_runs(args.spec, args.reps, args.dir).values():
         status |= main(argv)
     memory_spec = Path(args.dir) / "memory-plan.yaml"
     memory_spec.write_text(
