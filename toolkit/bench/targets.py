@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from toolkit.bench import record
+from toolkit.bench import record, stats
 from toolkit.bench.allreduce import SWEEPS
 from toolkit.engines import engine
 from toolkit.units import MIB
@@ -68,6 +68,13 @@ def verdict_at_most(spread: dict[str, Any], bound: float) -> str:
     return MET if spread["ci_high"] <= bound else MEDIAN_ONLY
 
 
+def verdict_at_least(value: float, bound: float) -> str:
+    """A figure without an interval that should be at least `bound`."""
+    if not math.isfinite(value):
+        return NOT_RUN
+    return MET if value >= bound else MISSED
+
+
 def verdict_within(value: float, centre: float, tolerance: float) -> str:
     """A figure that should be within `tolerance` of `centre`."""
     if not math.isfinite(value):
@@ -76,7 +83,8 @@ def verdict_within(value: float, centre: float, tolerance: float) -> str:
 
 
 def spread_text(spread: dict[str, Any]) -> str:
-    return f"{spread['median']:.3f} [{spread['ci_low']:.3f}, {spread['ci_high']:.3f}]"
+    """A spread as the JSON holds it (stats.Spread.to_json), written as the bench writes it."""
+    return stats.Spread(**spread).text()
 
 
 def _over_launches(case: dict[str, Any], label: str) -> dict[str, Any] | None:
@@ -143,11 +151,7 @@ def allreduce_rows(data: dict[str, Any], source: str) -> Iterator[Row]:
     for sweep in SWEEPS:
         label = sweep.series.get("toolkit-inplace") or sweep.series["toolkit"]
         value = ratios.get(label, {}).get(str(ALLREDUCE_SIZE), math.nan)
-        if not math.isfinite(value):
-            verdict = NOT_RUN
-        else:
-            verdict = MET if value >= ALLREDUCE_BOUND else MISSED
-        yield Row(target, label, f"{value:.3f}", verdict, source)
+        yield Row(target, label, f"{value:.3f}", verdict_at_least(value, ALLREDUCE_BOUND), source)
 
 
 def memory_rows(data: dict[str, Any], source: str) -> Iterator[Row]:
