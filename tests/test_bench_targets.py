@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 from typing import Any
 
 from toolkit.bench import runs, stats, targets
@@ -140,8 +138,9 @@ def test_memory_gives_one_row_per_case_for_the_state_and_for_the_plan() -> None:
     ]
 
 
-def test_the_section_counts_verdicts_and_is_empty_without_the_files(tmp_path: Path) -> None:
-    assert targets.section(tmp_path) == []
+def test_the_section_counts_verdicts_and_is_empty_without_the_files() -> None:
+    assert targets.section({}) == []
+    assert targets.section({"allreduce-other.json": {"machine": MACHINE}}) == []
     defaults = {
         "machine": MACHINE,
         "cases": [
@@ -154,8 +153,8 @@ def test_the_section_counts_verdicts_and_is_empty_without_the_files(tmp_path: Pa
             _step_case("ddp/torchrun", "ddp", None, toolkit_over_defaults=None),
         ],
     }
-    (tmp_path / "step-vs-defaults.json").write_text(json.dumps(defaults))
-    lines = targets.section(tmp_path)
+    other = {"machine": {**MACHINE, "date": "2026-11-01T00:00:00+00:00"}}
+    lines = targets.section({"step-vs-defaults.json": defaults, "settings-x.json": other})
     assert lines[0] == "## Targets"
     assert "(run 2026-11-28): 1 met, 1 not run." in lines[2]
     assert any("| zero2/deepspeed | 0.800 [" in line and "| met |" in line for line in lines)

@@ -290,23 +290,20 @@ def render(directory: Path, *, image_prefix: str) -> str:
         f"`{image_prefix.rstrip('/')}/findings.md`."
     )
     lines.append("")
-    lines += targets.section(directory)
+    runs = {path.name: record.read_json(path) for path in sorted(directory.glob("*.json"))}
+    lines += targets.section(runs)
     findings = directory / "findings.md"
     if findings.exists():
         lines += [findings.read_text().rstrip(), ""]
     lines += ["## Figures", ""]
     for stem, title in step_titles(directory).items():
-        data = record.read_json(directory / f"{stem}.json")
-        lines += step_section(data, title, f"{image_prefix}{stem}.png")
-    if (directory / "allreduce.json").exists():
-        data = record.read_json(directory / "allreduce.json")
-        lines += allreduce_section(data, f"{image_prefix}allreduce.png")
-    for path in sorted(directory.glob("memory*.json")):
-        lines += memory_section(record.read_json(path))
-    if (directory / "bubble.json").exists():
-        lines += bubble_section(
-            record.read_json(directory / "bubble.json"), f"{image_prefix}bubble.png"
-        )
+        lines += step_section(runs[f"{stem}.json"], title, f"{image_prefix}{stem}.png")
+    if "allreduce.json" in runs:
+        lines += allreduce_section(runs["allreduce.json"], f"{image_prefix}allreduce.png")
+    for name in sorted(name for name in runs if name.startswith("memory")):
+        lines += memory_section(runs[name])
+    if "bubble.json" in runs:
+        lines += bubble_section(runs["bubble.json"], f"{image_prefix}bubble.png")
     if (directory / "plan.txt").exists():
         lines += ["### `toolkit plan` for the memory model", "", "```"]
         lines += [(directory / "plan.txt").read_text().rstrip(), "```", ""]

@@ -24,10 +24,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from toolkit.bench import record, stats
+from toolkit.bench import stats
 from toolkit.bench.allreduce import SWEEPS
 from toolkit.engines import engine
 from toolkit.units import MIB
@@ -200,18 +199,13 @@ def rows(runs: dict[str, dict[str, Any]]) -> list[Row]:
     ]
 
 
-def section(directory: Path) -> list[str]:
-    """The Markdown of the targets table, or nothing when none of `toolkit bench all`'s files
-    is in `directory`."""
-    runs = {
-        name: record.read_json(directory / name)
-        for name, _ in READERS
-        if (directory / name).exists()
-    }
+def section(runs: dict[str, dict[str, Any]]) -> list[str]:
+    """The Markdown of the targets table from `runs` (a JSON file's name -> its contents, as
+    `toolkit bench report` read them), or nothing when none of READERS' files is among them."""
     found = rows(runs)
     if not found:
         return []
-    dates = sorted({str(data["machine"]["date"])[:10] for data in runs.values()})
+    dates = sorted({str(runs[name]["machine"]["date"])[:10] for name, _ in READERS if name in runs})
     counts = {
         verdict: sum(row.verdict == verdict for row in found)
         for verdict in (MET, MEDIAN_ONLY, MISSED, NOT_RUN)
