@@ -4,6 +4,7 @@ what run.train_step returns under step_loss local (each rank its own) and global
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 import yaml
 
 from tests.realrun import BIN, PYTHON, ROOT, RunOutput, mpirun, run, spec
-from toolkit.cores import usable_cores
+from toolkit.cores import core_share, usable_cores
 
 pytestmark = pytest.mark.multiproc
 
@@ -81,3 +82,20 @@ def test_global_step_loss_is_the_mean_of_the_local_ones(tmp_path: Path) -> None:
     expected = (local[0]["loss"] + local[1]["loss"]) / 2
     for report in reports:
         assert report["loss"] == pytest.approx(expected, rel=1e-12), (local, reports)
+
+
+@pytest.mark.parametrize("cell", ["ddp-torchrun", "tf_multiworker-mpirun"])
+def test_bind_cores_puts_every_thread_of_a_rank_on_its_own_share(cell: str, tmp_path: Path) -> None:
+    """launch.bind_cores under a launcher that binds nothing itself (the toolkit starts mpirun
+    with --bind-to none): each rank's threads, the engine's included, on its slice alone."""
+    *argv, spec_path = CELLS[cell]
+    data = yaml.safe_load(Path(spec_path).read_text())
+    data.setdefault("launch", {})["bind_cores"] = True
+    bound = tmp_path / "bound.yaml"
+    bound.write_text(yaml.safe_dump(data))
+    reports = rank_reports(run([*argv, str(bound)], timeout=240))
+    cores = sorted(os.sched_getaffinity(0))
+    for report in reports:
+        share = core_share(cores, report["rank"], 2)
+        assert len(report["cores"]) > 3, report  # the engine's threads are among them
+        assert all(mask == share for mask in report["cores"]), report

@@ -3,12 +3,14 @@ the ranks (toolkit.cores)."""
 
 from __future__ import annotations
 
+import json
+import os
 from collections import Counter
 from typing import Any
 
 import pytest
 
-from toolkit.cores import threads_in_rank, threads_per_rank, usable_cores
+from toolkit.cores import core_share, threads_in_rank, threads_per_rank, usable_cores
 from toolkit.render.launchers import LaunchContext, launch_plan
 from toolkit.render.layout import rank_layout, ranks_per_host
 from toolkit.render.mpijob import mpijob_manifest
@@ -89,3 +91,47 @@ def test_ranks_per_host_are_counted_as_the_layout_places_ranks(launch: dict[str,
     placed_on = Counter(slot.node for slot in rank_layout(placed))
     assert counts == [placed_on[node] for node in range(len(counts))]
     assert max(counts) == max(slot.local_size for slot in rank_layout(placed))
+
+
+def test_each_rank_binds_to_an_even_contiguous_share_of_the_cores() -> None:
+    cores = [0, 1, 2, 3, 4, 5, 6]  # 7 cores, 3 ranks: 2 each, core 6 unused
+    assert [core_share(cores, rank, 3) for rank in range(3)] == [[0, 1], [2, 3], [4, 5]]
+    assert core_share([5, 3], 1, 2) == [5]  # in order, whatever order they came in
+    # More ranks than cores: they share, round the cores
+    assert [core_share([0, 1], rank, 3) for rank in range(3)] == [[0], [1], [0]]
+    # Inside a binding the launcher made: a rank given one core keeps it
+    assert core_share([6], 1, 2) == [6]
+
+
+def test_binding_a_process_binds_the_threads_it_has_started() -> None:
+    """Run in a child process: binding this test's own process would outlive the test."""
+    import subprocess
+    import sys
+
+    program = (
+        "import os, threading, time, json\n"
+        "from toolkit.cores import bind_rank\n"
+        "stop = threading.Event()\n"
+        "early = threading.Thread(target=stop.wait); early.start()\n"
+        "bind_rank(True, 1, 2)\n"
+        "late = threading.Thread(target=stop.wait); late.start()\n"
+        "tasks = os.listdir('/proc/self/task')\n"
+        "print(json.dumps({t: sorted(os.sched_getaffinity(int(t))) for t in tasks}))\n"
+        "stop.set()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    masks = json.loads(done.stdout)
+    expected = core_share(sorted(os.sched_getaffinity(0)), 1, 2)
+    assert len(masks) == 3 and all(mask == expected for mask in masks.values()), masks
+    no = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from toolkit.cores import bind_rank; bind_rank(False, 1, 2)\n"
+            "import os; print(len(os.sched_getaffinity(0)))",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert int(no.stdout) == len(os.sched_getaffinity(0)), no.stderr

@@ -20,8 +20,10 @@ backends both use it.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Literal
+
+from toolkit.errors import ToolkitError
 
 Threads = int | Literal["auto"]
 
@@ -53,3 +55,45 @@ def threads_in_rank(setting: Threads, ranks_on_host: int, env: Mapping[str, str]
     if launched_with.isdigit() and int(launched_with) > 0:
         return int(launched_with)
     return threads_per_rank("auto", ranks_on_host, usable_cores())
+
+
+def core_share(cores: Sequence[int], local_rank: int, ranks_on_host: int) -> list[int]:
+    """The cores local rank `local_rank` of `ranks_on_host` is bound to under
+    `launch.bind_cores`: an even, contiguous slice of `cores` (the host's usable cores, in
+    order), the remainder left unused so that every rank gets as many; with fewer cores than
+    ranks, core `local_rank mod len(cores)`, shared."""
+    ordered = sorted(cores)
+    if len(ordered) < ranks_on_host:
+        return [ordered[local_rank % len(ordered)]]
+    per_rank = len(ordered) // ranks_on_host
+    return ordered[local_rank * per_rank : (local_rank + 1) * per_rank]
+
+
+def bind_to_cores(cores: Sequence[int]) -> None:
+    """This process, each thread it has started so far among them, onto `cores`.
+
+    sched_setaffinity binds one thread (pid 0 is the calling thread, not the process); a
+    thread inherits its creator's mask, so the threads an engine starts later (Gloo's, MPI's,
+    Horovod's background thread, the compute pools) follow the main thread's. The ones started
+    before, such as an engine's import-time threads, are bound here one by one."""
+    mask = set(cores)
+    for task in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(task), mask)
+        except ProcessLookupError:  # the thread ended since the listing
+            continue
+
+
+def bind_rank(bind: bool, local_rank: int, ranks_on_host: int) -> None:
+    """Under `launch.bind_cores`, this rank onto its share of the cores it may use (which a
+    launcher's or Slurm's own binding may already have narrowed: the share is taken inside
+    it); otherwise nothing, and the kernel moves threads between cores as it likes."""
+    if not bind:
+        return
+    if not hasattr(os, "sched_setaffinity"):
+        raise ToolkitError(
+            "launch.bind_cores: true needs the kernel's sched_setaffinity, which this platform "
+            "lacks",
+            "set launch.bind_cores: false",
+        )
+    bind_to_cores(core_share(sorted(os.sched_getaffinity(0)), local_rank, ranks_on_host))

@@ -6,6 +6,7 @@ framework's thread pool."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -32,6 +33,7 @@ def main() -> int:
         "step_loss": run.spec.step_loss,
         "loss": loss,
         "threads": compute_threads(run),
+        "cores": thread_cores(),
         "in_place": reduce_in_place(run, mine),
     }
     print(json.dumps(report), flush=True)
@@ -54,6 +56,18 @@ def reduce_in_place(run: Any, mine: float) -> Any:
     returned = run.allreduce_(tensor, op="sum")
     mean = run.allreduce_(torch.tensor([mine]))
     return {"sum": tensor.tolist(), "same": returned is tensor, "mean": mean.tolist()}
+
+
+def thread_cores() -> list[list[int]]:
+    """The cores each thread of this rank may run on, after a step: the engine's own threads
+    (Gloo's, MPI's, TensorFlow's pools) have started by then."""
+    masks = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            masks.append(sorted(os.sched_getaffinity(int(task))))
+        except ProcessLookupError:  # the thread ended since the listing
+            continue
+    return masks
 
 
 def compute_threads(run: Any) -> int:

@@ -20,7 +20,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from toolkit.backends.base import refuse_missing_script_optimizer
 from toolkit.backends.shared_memory import SharedMemoryCollectives
-from toolkit.cores import threads_in_rank
+from toolkit.cores import bind_rank, threads_in_rank
 from toolkit.engines import MPI_ENVIRONMENTS
 from toolkit.errors import ToolkitError
 from toolkit.launch.environment import LaunchEnvironment
@@ -56,7 +56,9 @@ class Rendezvous:
 
 
 def configure_threads(spec: TrainSpec, env: LaunchEnvironment) -> None:
-    """Ranks sharing few cores must not each start a full thread pool (see toolkit.cores)."""
+    """Ranks sharing few cores must not each start a full thread pool, and under
+    launch.bind_cores each runs on cores of its own (see toolkit.cores)."""
+    bind_rank(spec.launch.bind_cores, env.local_rank, env.local_world_size)
     setting = spec.launch.threads_per_rank
     torch.set_num_threads(threads_in_rank(setting, env.local_world_size, os.environ))
 

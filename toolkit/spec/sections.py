@@ -538,6 +538,14 @@ class LaunchSpec(Section):
         "thread pools, Slurm cpus-per-task); auto = the cores a rank may use divided by the "
         "ranks on its host, at least 1.",
     )
+    bind_cores: bool = Field(
+        default=False,
+        description="Bind each rank, every thread of it, to an even share of its host's "
+        "cores (its local rank's slice, inside any binding the launcher or Slurm already "
+        "made); false = the kernel moves threads between cores as it likes, the engines' and "
+        "launchers' own choice here (the toolkit starts mpirun with --bind-to none). Changes "
+        "no value.",
+    )
     malloc: Malloc = Field(
         default="keep",
         description="What each rank's glibc malloc does with memory a step frees. keep: it "

@@ -30,7 +30,7 @@ import tensorflow as tf
 from toolkit.backends.base import LossFn, refuse_missing_script_optimizer
 from toolkit.backends.batches import describe
 from toolkit.backends.tf.optimizers import TorchAdam, TorchSGD
-from toolkit.cores import threads_in_rank
+from toolkit.cores import bind_rank, threads_in_rank
 from toolkit.errors import ToolkitError
 from toolkit.launch.environment import LaunchEnvironment
 from toolkit.schedule import lr_ratio
@@ -41,7 +41,9 @@ TORCH_CLIP_EPS = 1e-6
 
 
 def configure_threads(spec: TrainSpec, env: LaunchEnvironment) -> None:
-    """Must run before TensorFlow starts its runtime (the first op or device query)."""
+    """Must run before TensorFlow starts its runtime (the first op or device query), whose
+    thread pools then start on the rank's cores under launch.bind_cores."""
+    bind_rank(spec.launch.bind_cores, env.local_rank, env.local_world_size)
     threads = threads_in_rank(spec.launch.threads_per_rank, env.local_world_size, os.environ)
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(threads)
