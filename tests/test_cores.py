@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections import Counter
 from typing import Any
 
@@ -105,11 +107,8 @@ def test_each_rank_binds_to_an_even_contiguous_share_of_the_cores() -> None:
 
 def test_binding_a_process_binds_the_threads_it_has_started() -> None:
     """Run in a child process: binding this test's own process would outlive the test."""
-    import subprocess
-    import sys
-
     program = (
-        "import os, threading, time, json\n"
+        "import os, threading, json\n"
         "from toolkit.cores import bind_rank\n"
         "stop = threading.Event()\n"
         "early = threading.Thread(target=stop.wait); early.start()\n"
