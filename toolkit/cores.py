@@ -96,4 +96,4 @@ def bind_rank(bind: bool, local_rank: int, ranks_on_host: int) -> None:
             "lacks",
             "set launch.bind_cores: false",
         )
-    bind_to_cores(core_share(sorted(os.sched_getaffinity(0)), local_rank, ranks_on_host))
+    bind_to_cores(core_share(list(os.sched_getaffinity(0)), local_rank, ranks_on_host))

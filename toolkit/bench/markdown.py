@@ -8,6 +8,7 @@ section names the command that produced it, the date and the load on the machine
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -269,14 +270,14 @@ STEP_PREFIXES = {
 }
 
 
-def step_titles(directory: Path) -> dict[str, str]:
-    """Step JSON stems in the order BENCHMARKS.md shows them, with their titles."""
-    found = {
-        stem: title for stem, title in STEP_TITLES.items() if (directory / f"{stem}.json").exists()
-    }
+def step_titles(names: Collection[str]) -> dict[str, str]:
+    """Step JSON stems, of the JSON file `names` of a directory, in the order BENCHMARKS.md shows
+    them, with their titles."""
+    found = {stem: title for stem, title in STEP_TITLES.items() if f"{stem}.json" in names}
     for prefix, words in STEP_PREFIXES.items():
-        for path in sorted(directory.glob(f"{prefix}*.json")):
-            found[path.stem] = f"{words}: {path.stem.removeprefix(prefix).strip('-')}"
+        for name in sorted(n for n in names if n.startswith(prefix)):
+            stem = name.removesuffix(".json")
+            found[stem] = f"{words}: {stem.removeprefix(prefix).strip('-')}"
     return found
 
 
@@ -296,7 +297,7 @@ def render(directory: Path, *, image_prefix: str) -> str:
     if findings.exists():
         lines += [findings.read_text().rstrip(), ""]
     lines += ["## Figures", ""]
-    for stem, title in step_titles(directory).items():
+    for stem, title in step_titles(runs.keys()).items():
         lines += step_section(runs[f"{stem}.json"], title, f"{image_prefix}{stem}.png")
     if "allreduce.json" in runs:
         lines += allreduce_section(runs["allreduce.json"], f"{image_prefix}allreduce.png")
