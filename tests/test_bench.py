@@ -34,6 +34,41 @@ from toolkit.spec import TrainSpec
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
+def _launches(offsets: list[float], cycles: int, seed: int = 0) -> list[list[float]]:
+    """Cycle ratios of launches around 1.02, each launch shifted by its offset (log scale)."""
+    rng = np.random.default_rng(seed)
+    return [
+        list(np.exp(np.log(1.02) + offset + rng.normal(0.0, 0.1, cycles))) for offset in offsets
+    ]
+
+
+def test_launches_that_agree_combine_as_their_pooled_cycles() -> None:
+    widths = []
+    for seed in range(6):
+        launches = _launches([0.0] * 8, 200, seed)
+        combined = stats.combine_launches(launches)
+        assert combined.n == 8
+        assert combined.low <= combined.median <= combined.high
+        pooled = stats.spread([ratio for launch in launches for ratio in launch])
+        widths.append((combined.ci_high - combined.ci_low) / (pooled.ci_high - pooled.ci_low))
+    # Launches that differ only by chance are sometimes read as disagreeing a little (the
+    # between-launch variance is estimated), so one run's width may exceed the pooled one's.
+    assert 0.8 < float(np.median(widths)) < 1.25
+
+
+def test_launches_that_disagree_widen_the_interval() -> None:
+    agree = stats.combine_launches(_launches([0.0] * 8, 200))
+    offsets = [-0.04, 0.04, -0.03, 0.03, -0.02, 0.02, -0.01, 0.01]
+    disagree = stats.combine_launches(_launches(offsets, 200))
+    assert disagree.ci_high - disagree.ci_low > 2 * (agree.ci_high - agree.ci_low)
+    assert disagree.ci_low < 1.02 < disagree.ci_high
+
+
+def test_launches_without_a_ratio_combine_to_nothing() -> None:
+    assert stats.combine_launches([[math.nan], []]).n == 0
+    assert stats.combine_launches([[1.1, 1.1, 1.1]]).median == pytest.approx(1.1)
+
+
 def test_spread_and_ratios() -> None:
     found = stats.spread([1.0, 1.1, 0.9, float("nan")])
     assert found.n == 3 and found.median == pytest.approx(1.0)
@@ -473,11 +508,16 @@ def _in_process_result(toolkit_ms: list[float], cycles: list[int]) -> CaseResult
     return result
 
 
-def test_between_launches_takes_each_launchs_median_cycle_ratio() -> None:
+def test_an_in_process_run_keeps_its_cycles_launch_by_launch() -> None:
     result = _in_process_result([101, 103, 102, 110, 90, 110, 110], [3, 1, 3])
-    assert result.launch_ratios("toolkit") == pytest.approx([1.02, 1.10, 1.10])
-    assert result.between_launches()["toolkit"].n == 3
-    assert result.to_json()["launch_ratio_to_baseline"]["toolkit"]["median"] == pytest.approx(1.1)
+    assert result.launch_cycle_ratios("toolkit") == [
+        pytest.approx([1.01, 1.03, 1.02]),
+        pytest.approx([1.10]),
+        pytest.approx([0.90, 1.10, 1.10]),
+    ]
+    found = result.to_json()
+    assert found["launch_cycles"] == [3, 1, 3]
+    assert found["combined_ratio_to_baseline"]["toolkit"]["n"] == 3
 
 
 def test_toolkit_over_a_variant_is_taken_launch_by_launch_too() -> None:
@@ -488,14 +528,17 @@ def test_toolkit_over_a_variant_is_taken_launch_by_launch_too() -> None:
     result.extend("toolkit", [0.12, 0.12, 0.13, 0.15], [0.1] * 4, [0, 0, 1, 5])
     result.extend("floor", [0.1, 0.1, 0.1, 0.1], [0.1] * 4, [])
     result.launch_cycles = [2, 2]
-    assert result.launch_ratios("toolkit", over="floor") == pytest.approx([1.2, 1.4])
-    assert result.to_json()["launch_toolkit_over_floor"]["n"] == 2
+    assert result.launch_cycle_ratios("toolkit", over="floor") == [
+        pytest.approx([1.2, 1.2]),
+        pytest.approx([1.3, 1.5]),
+    ]
+    assert result.to_json()["combined_toolkit_over_floor"]["n"] == 2
     assert result.to_json()["toolkit_over_floor"]["n"] == 4
     # Faults per step are each step's count (in-process); a variant without any is NaN.
     faults = result.to_json()["faults_per_step"]
     assert faults["native"] == 3 and faults["toolkit"] == 0.5 and math.isnan(faults["floor"])
     launch_by_launch = CaseResult("ddp", {}, ["native", "toolkit", "floor"])
-    assert launch_by_launch.to_json()["launch_toolkit_over_floor"] is None
+    assert launch_by_launch.to_json()["combined_toolkit_over_floor"] is None
 
 
 def test_a_ratio_is_resolved_only_over_enough_launches_that_agree() -> None:

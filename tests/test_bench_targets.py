@@ -169,3 +169,31 @@ def test_every_target_is_read_from_a_file_bench_all_writes() -> None:
     for name, argv in commands.items():
         if "--name" in argv:  # a step run names its file; the others write their own
             assert f"{argv[argv.index('--name') + 1]}.json" == name
+
+
+def _adapter_run(date: str, ratio: float, layers: str = "512,2048") -> dict[str, Any]:
+    case = _step_case(
+        "zero0/deepspeed",
+        "deepspeed",
+        None,
+        combined_ratio_to_baseline={"toolkit": _spread(ratio, ratio - 0.005, ratio + 0.005)},
+    )
+    return {
+        "machine": {**MACHINE, "date": date},
+        "workloads": {"zero0/deepspeed": {"layers": layers}},
+        "cases": [case],
+    }
+
+
+def test_a_newer_resolving_run_of_the_same_workload_replaces_its_cases_rows() -> None:
+    headline = _adapter_run("2026-11-28T06:00:00+00:00", 1.028)
+    newer = _adapter_run("2026-11-29T06:00:00+00:00", 1.002)
+    [row] = targets.rows({"step-in-process.json": headline, targets.RESOLVING_RUN: newer})
+    assert row.verdict == targets.MET
+    assert row.source == f"`{targets.RESOLVING_RUN}`, 2026-11-29"
+    older = _adapter_run("2026-11-27T06:00:00+00:00", 1.002)
+    other_model = _adapter_run("2026-11-29T06:00:00+00:00", 1.002, layers="16,8")
+    for resolving in (older, other_model):
+        [row] = targets.rows({"step-in-process.json": headline, targets.RESOLVING_RUN: resolving})
+        assert row.verdict == targets.MISSED
+        assert row.source == "`step-in-process.json`, 2026-11-28"

@@ -2,14 +2,16 @@
 
 One launch per repetition of ranks/inprocess_step.py under the case's launch plan; each launch
 alternates the engine's documented step and the toolkit's train_step (and the A/A and
-patched variants) for `steps` cycles. Every cycle is one ratio: the figures are the medians
-over all cycles of all launches, with bootstrap intervals over cycles, and beside them each
-launch's median ratio with an interval over launches (`CaseResult.between_launches`).
+patched variants) for `steps` cycles. Every cycle is one ratio. The headline figure combines
+the launches (`CaseResult.combined_launches`, stats.combine_launches): each launch's median
+cycle ratio, weighed by how well its cycles pin it down, with an interval that widens as far
+as the launches disagree beyond that.
 
-With `resolve` set, a case keeps launching past `reps` until the interval over launches of
-toolkit / native lies within ±resolve of its median (at least `MIN_LAUNCHES_TO_RESOLVE`
-launches, at most `max_reps`): on a shared 2-core machine, 3 launches resolved a few percent,
-and the issue asks whether the adapter costs 1%.
+With `resolve` set, a case keeps launching past `reps` until that interval of toolkit / native
+lies within ±resolve of its figure (at least `MIN_LAUNCHES_TO_RESOLVE` launches, at most
+`max_reps`): the issue asks whether the adapter costs 1%, and on a shared 2-core machine about
+a thousand cycles resolve that, which a launch of a few hundred cycles each reaches faster than
+many short launches (each launch pays its engine's start).
 
 With the `floor` variant (--floor) each launch also alternates the physical floor's step
 (native/_floor_parts.py), and toolkit / floor is taken over cycles and over launches. Its
@@ -44,12 +46,13 @@ DEFAULT_PATCHES = ("global-loss",)
 
 
 MIN_LAUNCHES_TO_RESOLVE = 5
-"""Below 5 values a bootstrap interval of the median is no tighter than min..max."""
+"""Fewer launches tell too little of how far launches disagree (the between-launch variance of
+stats.combine_launches) to trust an interval that has to be narrow."""
 
 
 def resolved(result: CaseResult, within: float) -> bool:
-    """Whether toolkit / native is known to ±`within` of its median, over launches."""
-    spread = result.between_launches().get("toolkit")
+    """Whether toolkit / native is known to ±`within` of its figure, over launches."""
+    spread = result.combined_launches().get("toolkit")
     if spread is None or spread.n < MIN_LAUNCHES_TO_RESOLVE:
         return False
     return max(spread.median - spread.ci_low, spread.ci_high - spread.median) <= (
@@ -111,10 +114,10 @@ class InProcessBench(StepBench):
             if has_floor:
                 result.add_floor_parts(record)
             medians = result.to_json()["median_ms"]
-            between = result.between_launches()["toolkit"]
+            combined = result.combined_launches()["toolkit"]
             self.log(
                 f"  {case.name} rep {index}: "
                 + ", ".join(f"{label} {ms:.1f} ms" for label, ms in medians.items())
-                + f"; toolkit / native over launches {between.text()}"
+                + f"; toolkit / native over launches {combined.text()}"
             )
         return result

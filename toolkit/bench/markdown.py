@@ -98,6 +98,12 @@ def step_section(data: dict[str, Any], title: str, png: str) -> list[str]:
             "percent or two off the next, which the interval over pooled cycles does not see",
         ),
         (
+            "combined_ratio_to_baseline",
+            "the launches combined, every cycle counted (each launch's median cycle ratio "
+            "weighed by how well its cycles pin it down), [95% interval, wider as far as the "
+            "launches disagree beyond their cycles' noise] (min..max of the launches)",
+        ),
+        (
             "cpu_ratio_to_baseline",
             "each launch's median CPU time per step (all the process's "
             "threads; blind to waiting for a core and to sleeping on a peer)",
@@ -111,10 +117,14 @@ def step_section(data: dict[str, Any], title: str, png: str) -> list[str]:
             [case["case"], *(_ratio(case[key].get(label)) for label in labels[1:])]
             for case in data["cases"]
         ]
-        if key == "launch_ratio_to_baseline" and has_floor:
+        floor_key = {
+            "launch_ratio_to_baseline": "launch_toolkit_over_floor",
+            "combined_ratio_to_baseline": "combined_toolkit_over_floor",
+        }.get(key)
+        if floor_key and has_floor:
             head.append("toolkit / floor")
             for row, case in zip(rows, data["cases"], strict=True):
-                row.append(_ratio(case.get("launch_toolkit_over_floor")))
+                row.append(_ratio(case.get(floor_key)))
         lines += ["", *_table(head, rows), ""]
     errors = [
         f"- {case['case']}: {e.splitlines()[0]}" for case in data["cases"] for e in case["errors"]

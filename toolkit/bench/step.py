@@ -125,24 +125,28 @@ class CaseResult:
         base = ms[over or self.baseline]
         return {label: stats.spread(stats.ratios(ms[label], base)) for label in self.variants[1:]}
 
-    def launch_ratios(self, label: str, over: str | None = None) -> list[float]:
-        """In-process: each launch's median over its cycles of `label` / `over` (the
-        baseline unless named)."""
+    def launch_cycle_ratios(self, label: str, over: str | None = None) -> list[list[float]]:
+        """In-process: `label` / `over` (the baseline unless named) cycle by cycle, one list
+        per launch."""
         ms = self.figures["median"]
         cycles = stats.ratios(ms[label], ms[over or self.baseline])
         found, start = [], 0
         for count in self.launch_cycles:
-            found.append(stats.median(cycles[start : start + count]))
+            found.append(cycles[start : start + count])
             start += count
         return found
 
-    def between_launches(self) -> dict[str, stats.Spread]:
-        """Each variant / the baseline with its spread over launches, not cycles: a launch
-        can sit a percent or two off the next (where its memory landed, what else ran), which
-        an interval over pooled cycles does not see."""
+    def combined_launches(self, over: str | None = None) -> dict[str, stats.Spread]:
+        """In-process: each variant / `over` (the baseline unless named) over the launches,
+        every launch's cycles counted (stats.combine_launches): the interval widens only as
+        far as the launches disagree beyond their own cycles' noise."""
         if not self.launch_cycles:
             return {}
-        return {label: stats.spread(self.launch_ratios(label)) for label in self.variants[1:]}
+        return {
+            label: stats.combine_launches(self.launch_cycle_ratios(label, over))
+            for label in self.variants[1:]
+            if label != over
+        }
 
     def add_floor_parts(self, record: dict[str, Any]) -> None:
         for part in ("compute", "move"):
@@ -156,11 +160,11 @@ class CaseResult:
             return None
         return self.ratios("median", over=label)["toolkit"].to_json()
 
-    def launch_toolkit_over(self, label: str) -> dict[str, Any] | None:
-        """In-process: toolkit / `label` with its spread over launches, when that variant ran."""
+    def combined_toolkit_over(self, label: str) -> dict[str, Any] | None:
+        """In-process: toolkit / `label` combined over launches, when that variant ran."""
         if label not in self.variants or not self.launch_cycles:
             return None
-        return stats.spread(self.launch_ratios("toolkit", over=label)).to_json()
+        return self.combined_launches(over=label)["toolkit"].to_json()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -176,12 +180,13 @@ class CaseResult:
                 else {}
             ),
             "cpu_ratio_to_baseline": {k: v.to_json() for k, v in self.ratios("cpu").items()},
-            "launch_ratio_to_baseline": {
-                k: v.to_json() for k, v in self.between_launches().items()
+            "launch_cycles": self.launch_cycles,
+            "combined_ratio_to_baseline": {
+                k: v.to_json() for k, v in self.combined_launches().items()
             },
             "toolkit_over_defaults": self.toolkit_over("defaults"),
             "toolkit_over_floor": self.toolkit_over("floor"),
-            "launch_toolkit_over_floor": self.launch_toolkit_over("floor"),
+            "combined_toolkit_over_floor": self.combined_toolkit_over("floor"),
             "floor_parts_ms": {part: stats.median(ms) for part, ms in self.floor_parts_ms.items()},
             "toolkit_loader_ms": stats.median(self.loader_ms),
             "faults_per_step": {

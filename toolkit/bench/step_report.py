@@ -47,6 +47,7 @@ def table(data: dict[str, Any]) -> str:
             ("toolkit_over_defaults", "toolkit / defaults"),
             ("toolkit_over_floor", "toolkit / floor"),
             ("launch_toolkit_over_floor", "toolkit / floor, launches"),
+            ("combined_toolkit_over_floor", "toolkit / floor, launches"),
         ):
             over = case.get(key)
             if not over:

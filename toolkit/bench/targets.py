@@ -6,8 +6,9 @@ row names the file it was read from and the day that file's run began: `toolkit 
 writes them all in one run on one machine, where the rows compare, but each bench can also be
 run alone and replace its own file.
 
-A verdict weighs the figure's spread where the bench gives one (a bootstrap 95% interval of
-the median over launches, toolkit.bench.stats):
+A verdict weighs the figure's spread where the bench gives one (a 95% interval over launches,
+toolkit.bench.stats: in-process, the launches combined; launch by launch, a bootstrap of the
+median):
 
 - met: the whole interval is on the target's side of the bound;
 - median only: the median is, but the interval reaches across the bound, so the run does not
@@ -87,11 +88,14 @@ def spread_text(spread: dict[str, Any]) -> str:
 
 
 def _over_launches(case: dict[str, Any], label: str) -> dict[str, Any] | None:
-    """`label` / native with its spread over launches where the run kept them (in-process:
-    launches, not pooled cycles, are the repetitions), else over repetitions."""
-    return (case.get("launch_ratio_to_baseline") or {}).get(label) or case["ratio_to_baseline"].get(
-        label
-    )
+    """`label` / native over launches where the run kept them (in-process: launches, not
+    pooled cycles, are the repetitions; combined with every cycle counted since 2026-11-28,
+    before as the median of the launches' medians), else over repetitions."""
+    for key in ("combined_ratio_to_baseline", "launch_ratio_to_baseline", "ratio_to_baseline"):
+        found = (case.get(key) or {}).get(label)
+        if found:
+            return found
+    return None
 
 
 def adapter_rows(data: dict[str, Any], source: str) -> Iterator[Row]:
@@ -127,7 +131,11 @@ def floor_rows(data: dict[str, Any], source: str) -> Iterator[Row]:
     """The best case of each framework against its physical floor, by the median."""
     best: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
     for case in data["cases"]:
-        ratio = case.get("launch_toolkit_over_floor") or case.get("toolkit_over_floor")
+        ratio = (
+            case.get("combined_toolkit_over_floor")
+            or case.get("launch_toolkit_over_floor")
+            or case.get("toolkit_over_floor")
+        )
         if not ratio or not math.isfinite(ratio["median"]):
             continue
         framework = _framework(case)
@@ -188,14 +196,50 @@ READERS: tuple[tuple[str, Callable[[dict[str, Any], str], Iterator[Row]]], ...] 
 """Each file `toolkit bench all` writes, and what its targets are."""
 
 
+RESOLVING_RUN = "step-in-process-resolve.json"
+"""Where the adapter's cases that `toolkit bench all`'s few launches left unresolved are
+launched on until they resolve: `toolkit bench step --spec docs/bench/spec.yaml --all
+--in-process --resolve 0.01 ... --cases CASE ... --name step-in-process-resolve`. When it is
+newer than step-in-process.json, each of its cases with the same workload replaces that case's
+row."""
+
+
+def _source(runs: dict[str, dict[str, Any]], name: str) -> str:
+    return f"`{name}`, {_date(runs[name])}"
+
+
+def _date(data: dict[str, Any]) -> str:
+    return str(data["machine"]["date"])[:10]
+
+
+def _resolved_rows(runs: dict[str, dict[str, Any]]) -> dict[tuple[str, str], Row]:
+    """The adapter's rows of RESOLVING_RUN that replace step-in-process.json's, by (target,
+    case)."""
+    headline, resolving = runs.get("step-in-process.json"), runs.get(RESOLVING_RUN)
+    if not headline or not resolving:
+        return {}
+    if str(resolving["machine"]["date"]) < str(headline["machine"]["date"]):
+        return {}
+    same = {
+        case
+        for case, workload in resolving["workloads"].items()
+        if headline["workloads"].get(case) == workload
+    }
+    cases = [case for case in resolving["cases"] if case["case"] in same]
+    found = adapter_rows({"cases": cases}, _source(runs, RESOLVING_RUN))
+    return {(row.target, row.subject): row for row in found}
+
+
 def rows(runs: dict[str, dict[str, Any]]) -> list[Row]:
     """The targets' rows from `runs` (file name -> its JSON) of READERS' files, each row's
-    source named with the day its run began: files of different runs may stand side by side."""
+    source named with the day its run began: files of different runs may stand side by side.
+    A newer RESOLVING_RUN replaces the adapter's rows of the cases it launched on."""
+    replacing = _resolved_rows(runs)
     return [
-        row
+        replacing.get((row.target, row.subject), row)
         for name, read in READERS
         if name in runs
-        for row in read(runs[name], f"`{name}`, {str(runs[name]['machine']['date'])[:10]}")
+        for row in read(runs[name], _source(runs, name))
     ]
 
 
@@ -205,7 +249,9 @@ def section(runs: dict[str, dict[str, Any]]) -> list[str]:
     found = rows(runs)
     if not found:
         return []
-    dates = sorted({str(runs[name]["machine"]["date"])[:10] for name, _ in READERS if name in runs})
+    read = [name for name, _ in READERS if name in runs]
+    read += [RESOLVING_RUN] if _resolved_rows(runs) else []
+    dates = sorted({_date(runs[name]) for name in read})
     counts = {
         verdict: sum(row.verdict == verdict for row in found)
         for verdict in (MET, MEDIAN_ONLY, MISSED, NOT_RUN)
