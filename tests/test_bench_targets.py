@@ -197,3 +197,20 @@ def test_a_newer_resolving_run_of_the_same_workload_replaces_its_cases_rows() ->
         [row] = targets.rows({"step-in-process.json": headline, targets.RESOLVING_RUN: resolving})
         assert row.verdict == targets.MISSED
         assert row.source == "`step-in-process.json`, 2026-11-28"
+
+
+def test_bench_all_launches_on_the_adapter_cases_it_left_short_of_met() -> None:
+    met = _step_case(
+        "zero2/deepspeed",
+        "deepspeed",
+        None,
+        combined_ratio_to_baseline={"toolkit": _spread(0.98, 0.97, 0.99)},
+    )
+    short = _adapter_run("2026-11-28T06:00:00+00:00", 1.008)
+    short["cases"][0]["combined_ratio_to_baseline"]["toolkit"]["ci_high"] = 1.02
+    argv = runs.resolve_run("spec.yaml", "out", {"cases": [met, *short["cases"]]})
+    assert argv is not None
+    assert argv[argv.index("--cases") + 1 : argv.index("--name")] == ["zero0/deepspeed"]
+    assert f"{argv[argv.index('--name') + 1]}.json" == targets.RESOLVING_RUN
+    assert "--resolve" in argv and "--in-process" in argv
+    assert runs.resolve_run("spec.yaml", "out", {"cases": [met]}) is None

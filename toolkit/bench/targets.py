@@ -197,11 +197,9 @@ READERS: tuple[tuple[str, Callable[[dict[str, Any], str], Iterator[Row]]], ...] 
 
 
 RESOLVING_RUN = "step-in-process-resolve.json"
-"""Where the adapter's cases that `toolkit bench all`'s few launches left unresolved are
-launched on until they resolve: `toolkit bench step --spec docs/bench/spec.yaml --all
---in-process --resolve 0.01 ... --cases CASE ... --name step-in-process-resolve`. When it is
-newer than step-in-process.json, each of its cases with the same workload replaces that case's
-row."""
+"""Where `toolkit bench all` launches on, until they resolve, the adapter's cases that its
+first in-process run left short of met (toolkit.bench.runs.resolve_run). When it is newer than
+step-in-process.json, each of its cases with the same workload replaces that case's row."""
 
 
 def _source(runs: dict[str, dict[str, Any]], name: str) -> str:

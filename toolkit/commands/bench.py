@@ -203,7 +203,10 @@ def register(subparsers: Any) -> None:
 
     everything = commands.add_parser(
         "all",
-        help="every benchmark BENCHMARKS.md shows, then the report (about 2 hours on 2 cores)",
+        help=(
+            "every benchmark BENCHMARKS.md shows, launching on the adapter's unresolved cases, "
+            "then the report (2-3 hours on 2 cores)"
+        ),
     )
     add_spec(everything)
     everything.add_argument("--dir", default="docs/bench", help="where results go")
