@@ -74,17 +74,29 @@ def step_section(data: dict[str, Any], title: str, png: str) -> list[str]:
             row.append(f"{_f(parts.get('compute'), '.1f')} + {_f(parts.get('move'), '.1f')}")
         rows.append(row)
     lines = [f"### {title}", "", _machine(data), ""]
-    reps = f"{data['reps']} repetitions"
+    in_process = data.get("kind") == "step-in-process"
+    unit = "launches" if in_process else "repetitions"
+    reps = f"{data['reps']} {unit}"
     if data.get("resolve"):
         reps = (
-            f"{data['reps']} to {data['max_reps']} repetitions (until toolkit / native was known "
+            f"{data['reps']} to {data['max_reps']} {unit} (until toolkit / native was known "
             f"to ±{data['resolve']:.1%} over launches)"
         )
+    if in_process:
+        figures = (
+            "cycles (each variant's step once) per launch. ms: median over every cycle's step. "
+            "Ratios: median over every cycle of the ratio of its two steps, [bootstrap 95% "
+            "interval over cycles, blind to launches] (min..max)"
+        )
+    else:
+        figures = (
+            "steps per launch. ms: median over repetitions of each launch's median step. "
+            "Ratios: median over repetitions of the ratio of two launches of the same "
+            "repetition, [bootstrap 95% interval of that median] (min..max)"
+        )
     lines.append(
-        f"{reps} of {data['warmup']} untimed + {data['steps']} timed steps "
-        "per launch. ms: median over repetitions of each launch's median step. Ratios: median "
-        "over repetitions of the ratio of two launches of the same repetition, [bootstrap 95% "
-        "interval of that median] (min..max); `native-again / native` is the A/A noise floor."
+        f"{reps} of {data['warmup']} untimed + {data['steps']} timed {figures}; "
+        "`native-again / native` is the A/A noise floor."
     )
     lines += ["", *_table(head, rows), ""]
     for key, words in (
