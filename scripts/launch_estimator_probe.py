@@ -69,22 +69,11 @@ def launches(case: dict[str, Any], label: str) -> Iterator[tuple[np.ndarray, np.
         yield a[finite], b[finite]
 
 
-def median_sampling_error(logs: np.ndarray, rng: np.random.Generator) -> float:
-    resampled = rng.choice(logs, size=(500, logs.size), replace=True)
-    return float(np.std(np.median(resampled, axis=1)))
-
-
-def _bootstrap(values: np.ndarray, rng: np.random.Generator) -> tuple[float, float]:
-    picks = rng.choice(values, size=(stats.BOOTSTRAP_SAMPLES, values.size), replace=True)
-    low, high = np.percentile(np.median(picks, axis=1), [2.5, 97.5])
-    return float(low), float(high)
-
-
 INTERVALS: dict[str, Callable[[list[np.ndarray], np.random.Generator], tuple[float, float]]] = {
-    "median of launches, bootstrap over launches": lambda logs, rng: _bootstrap(
+    "median of launches, bootstrap over launches": lambda logs, rng: stats.median_interval(
         np.asarray([np.median(launch) for launch in logs]), rng
     ),
-    "median of all cycles, bootstrap over cycles": lambda logs, rng: _bootstrap(
+    "median of all cycles, bootstrap over cycles": lambda logs, rng: stats.median_interval(
         np.concatenate(logs), rng
     ),
     "launches combined (random effects)": lambda logs, rng: tuple(
@@ -101,7 +90,7 @@ def combining(cases: list[dict[str, Any]]) -> None:
         per_case = [logs for logs in per_case if len(logs) >= 5]
         between = [np.std([np.median(launch) for launch in logs], ddof=1) for logs in per_case]
         within = [
-            np.sqrt(np.mean([median_sampling_error(launch, rng) ** 2 for launch in logs]))
+            np.sqrt(np.mean([stats.median_variance(launch, rng) for launch in logs]))
             for logs in per_case
         ]
         print(

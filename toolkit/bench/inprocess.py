@@ -30,6 +30,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from toolkit.bench import stats
 from toolkit.bench.cases import StepCase
 from toolkit.bench.launching import failure, launch_with_spec
 from toolkit.bench.step import (
@@ -113,11 +114,11 @@ class InProcessBench(StepBench):
             result.launch_cycles.append(len(record["step_s"][labels[0]]))
             if has_floor:
                 result.add_floor_parts(record)
-            medians = result.to_json()["median_ms"]
-            combined = result.combined_launches()["toolkit"]
+            figures = result.to_json()
+            combined = stats.Spread(**figures["combined_ratio_to_baseline"]["toolkit"])
             self.log(
                 f"  {case.name} rep {index}: "
-                + ", ".join(f"{label} {ms:.1f} ms" for label, ms in medians.items())
+                + ", ".join(f"{label} {ms:.1f} ms" for label, ms in figures["median_ms"].items())
                 + f"; toolkit / native over launches {combined.text()}"
             )
         return result

@@ -325,12 +325,12 @@ def run_all(args: argparse.Namespace) -> int:
     from toolkit.cli import main
 
     status = 0
-    for name, argv in all_runs(args.spec, args.reps, args.dir).items():
+    for argv in all_runs(args.spec, args.reps, args.dir).values():
         status |= main(argv)
-        written = Path(args.dir) / name
-        if name == "step-in-process.json" and written.exists():
-            resolving = resolve_run(args.spec, args.dir, json.loads(written.read_text()))
-            status |= main(resolving) if resolving else 0
+    headline = Path(args.dir) / "step-in-process.json"
+    if headline.exists():
+        resolving = resolve_run(args.spec, args.dir, json.loads(headline.read_text()))
+        status |= main(resolving) if resolving else 0
     memory_spec = Path(args.dir) / "memory-plan.yaml"
     memory_spec.write_text(
         "backend: ddp\noptimizer: {name: adamw}\nbatch: {global: 128, micro: 64}\nlaunch: {np: 2}\n"

@@ -49,17 +49,30 @@ def spread(values: Sequence[float], *, seed: int = 0) -> Spread:
     if data.size == 0:
         nan = float("nan")
         return Spread(nan, nan, nan, nan, nan, 0)
-    rng = np.random.default_rng(seed)
-    resampled = rng.choice(data, size=(BOOTSTRAP_SAMPLES, data.size), replace=True)
-    medians = np.median(resampled, axis=1)
+    ci_low, ci_high = median_interval(data, np.random.default_rng(seed))
     return Spread(
         median=float(np.median(data)),
         low=float(data.min()),
         high=float(data.max()),
-        ci_low=float(np.percentile(medians, 2.5)),
-        ci_high=float(np.percentile(medians, 97.5)),
+        ci_low=ci_low,
+        ci_high=ci_high,
         n=int(data.size),
     )
+
+
+def _resampled_medians(data: np.ndarray, rng: np.random.Generator, samples: int) -> np.ndarray:
+    return np.median(rng.choice(data, size=(samples, data.size), replace=True), axis=1)
+
+
+def median_interval(data: np.ndarray, rng: np.random.Generator) -> tuple[float, float]:
+    """The bootstrap 95% interval of the median of `data` (finite values)."""
+    low, high = np.percentile(_resampled_medians(data, rng, BOOTSTRAP_SAMPLES), [2.5, 97.5])
+    return float(low), float(high)
+
+
+def median_variance(data: np.ndarray, rng: np.random.Generator) -> float:
+    """The bootstrap variance of the median of `data` (finite values)."""
+    return float(np.var(_resampled_medians(data, rng, WITHIN_LAUNCH_SAMPLES)))
 
 
 WITHIN_LAUNCH_SAMPLES = 500
@@ -91,9 +104,8 @@ def combine_launches(launches: Sequence[Sequence[float]], *, seed: int = 0) -> S
         logs = np.log([r for r in launch if np.isfinite(r) and r > 0])
         if logs.size == 0:
             continue
-        resampled = rng.choice(logs, size=(WITHIN_LAUNCH_SAMPLES, logs.size), replace=True)
         figures.append(float(np.median(logs)))
-        variances.append(max(float(np.var(np.median(resampled, axis=1))), 1e-12))
+        variances.append(max(median_variance(logs, rng), 1e-12))
     if not figures:
         nan = float("nan")
         return Spread(nan, nan, nan, nan, nan, 0)

@@ -136,16 +136,15 @@ class CaseResult:
             start += count
         return found
 
-    def combined_launches(self, over: str | None = None) -> dict[str, stats.Spread]:
-        """In-process: each variant / `over` (the baseline unless named) over the launches,
-        every launch's cycles counted (stats.combine_launches): the interval widens only as
-        far as the launches disagree beyond their own cycles' noise."""
+    def combined_launches(self) -> dict[str, stats.Spread]:
+        """In-process: each variant / the baseline over the launches, every launch's cycles
+        counted (stats.combine_launches): the interval widens only as far as the launches
+        disagree beyond their own cycles' noise."""
         if not self.launch_cycles:
             return {}
         return {
-            label: stats.combine_launches(self.launch_cycle_ratios(label, over))
+            label: stats.combine_launches(self.launch_cycle_ratios(label))
             for label in self.variants[1:]
-            if label != over
         }
 
     def add_floor_parts(self, record: dict[str, Any]) -> None:
@@ -164,7 +163,7 @@ class CaseResult:
         """In-process: toolkit / `label` combined over launches, when that variant ran."""
         if label not in self.variants or not self.launch_cycles:
             return None
-        return self.combined_launches(over=label)["toolkit"].to_json()
+        return stats.combine_launches(self.launch_cycle_ratios("toolkit", over=label)).to_json()
 
     def to_json(self) -> dict[str, Any]:
         return {
