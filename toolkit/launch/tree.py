@@ -150,7 +150,7 @@ class ProcessTree:
 
 def job_processes(job_id: str) -> list[psutil.Process]:
     """This user's processes of job `job_id`, this process and its ancestors excepted."""
-    spared = {os.getpid(), *(parent.pid for parent in psutil.Process().parents())}
+    spared = {os.getpid(), *ancestors()}
     found = []
     for process in psutil.process_iter():
         if process.pid in spared:
@@ -160,6 +160,25 @@ def job_processes(job_id: str) -> list[psutil.Process]:
                 found.append(process)
         except psutil.Error:
             continue
+    return found
+
+
+def ancestors() -> set[int]:
+    """The pids of this process's ancestors, as far up as they can still be read.
+
+    psutil's `Process.parents()` raises when an ancestor ends while it walks them, and the
+    watchdog walks them just after its parent, `toolkit launch`, was killed: it died there once
+    (a CI run), and left the job's /dev/shm files behind. An ancestor that has ended has no
+    process left to spare, and the chain above it is no longer this process's."""
+    found: set[int] = set()
+    process: psutil.Process | None = psutil.Process()
+    while process is not None:
+        try:
+            process = process.parent()
+        except psutil.Error:
+            return found
+        if process is not None:
+            found.add(process.pid)
     return found
 
 
