@@ -595,6 +595,37 @@ def test_the_horovod_own_wait_patch_skips_the_toolkits_wait_and_puts_it_back() -
         wait_quietly([])
 
 
+class DeepSpeedZeroOptimizer:
+    """Named as DeepSpeed's ZeRO-1/2 optimizer, which the deepspeed-bucket patch resizes."""
+
+    reduce_bucket_size = 1 << 22
+
+
+def _deepspeed_run(optimizer: object) -> object:
+    engine = type("Engine", (), {"optimizer": optimizer})()
+    return type("Run", (), {"backend": type("Backend", (), {"engine": engine})()})()
+
+
+def test_the_deepspeed_bucket_patch_sizes_zero_1_2s_bucket_as_deepspeed_and_puts_it_back() -> None:
+    from toolkit.bench import patches
+
+    optimizer = DeepSpeedZeroOptimizer()
+    with patches.applied(_deepspeed_run(optimizer), "deepspeed-bucket"):
+        assert optimizer.reduce_bucket_size == 500_000_000
+    assert optimizer.reduce_bucket_size == 1 << 22
+
+
+def test_the_deepspeed_bucket_patch_refuses_stages_that_allocate_the_bucket_once() -> None:
+    from toolkit.bench import patches
+
+    stage3 = type("DeepSpeedZeroOptimizer_Stage3", (), {"reduce_bucket_size": 1 << 22})()
+    with (
+        pytest.raises(RuntimeError, match="ZeRO-1/2"),
+        patches.applied(_deepspeed_run(stage3), "deepspeed-bucket"),
+    ):
+        pass
+
+
 def test_a_benchs_context_names_the_commit_and_the_minutes_it_ran() -> None:
     context = record.machine()
     finished = record.finish(context)

@@ -310,17 +310,33 @@ def test_zero3_clones_an_fp32_partition_for_its_optimizer() -> None:
     assert memory.device["master"] == memory.device["parameters"] == 4 * 10_000 / 2
 
 
-@pytest.mark.parametrize("stage", [1, 2])
-def test_zero12_totals_count_the_copy_or_the_partition_not_both(stage: int) -> None:
-    """fp32, 2 ranks, 10,000 parameters: the fp32 gradient partition (20,000 bytes) and the
-    all-reduced copy of a 1,000-element bucket (4,000 bytes) never coexist."""
+@pytest.mark.parametrize(("stage", "apart"), [(1, 20_000), (2, 8000)])
+def test_zero12_totals_count_the_copy_or_the_partition_not_both(stage: int, apart: int) -> None:
+    """fp32, 2 ranks, 10,000 parameters: the fp32 gradient partition (20,000 bytes) is never
+    held beside what only backward holds. At ZeRO-2 that is a 1,000-element bucket and its
+    all-reduced copy (8,000 bytes); at ZeRO-1 the copy (4,000) and the gradients outside the
+    rank's partition (20,000), which its epilogue clears, so the whole partition is apart."""
     zero = {"stage": stage, "reduce_bucket_size": 1000}
     spec = TrainSpec.from_dict({"backend": "deepspeed", "zero": zero})
     layout = mem.ZeroLayout(stage=stage)
     memory = mem.zero(spec, layout, parameters=10_000, largest_layer=100, ranks=2, activations=0)
     summed = sum(memory.device.values()) + sum(memory.host.values())
-    assert memory.never_together == 4000
-    assert memory.total == summed - 4000
+    assert memory.never_together == apart
+    assert memory.total == summed - apart
+
+
+def test_zero2_reduces_a_layer_larger_than_the_bucket_beside_the_bucket() -> None:
+    """A 6,000-element layer does not fit a 1,000-element bucket: its own gradient is reduced
+    while the bucket stays allocated, 4 * (1,000 + 6,000) bytes, more than the bucket and its
+    copy; a layer that fits leaves the bucket and its copy."""
+    zero = {"stage": 2, "reduce_bucket_size": 1000}
+    spec = TrainSpec.from_dict({"backend": "deepspeed", "zero": zero})
+    assert mem.zero2_buckets(4.0, 10_000, 1000, 6000) == 4 * 7000
+    assert mem.zero2_buckets(4.0, 10_000, 1000, 500) == 4 * 2000
+    assert mem.zero2_buckets(4.0, 10_000, 50_000, 6000) == 4 * 20_000  # the whole model, twice
+    layout = mem.ZeroLayout(stage=2)
+    memory = mem.zero(spec, layout, parameters=10_000, largest_layer=6000, ranks=2, activations=0)
+    assert memory.device["buffers"] == 4 * (1000 + 6000)
 
 
 @pytest.mark.parametrize(

@@ -88,8 +88,10 @@ def test_defaults_written_out_are_noted() -> None:
     )
     text = "\n".join(imported.warnings)
     assert "gradient_clipping is missing" in text and "Adam without adam_w_mode" in text
+    assert "reduce_bucket_size is missing" in text
     spec = imported.spec
     assert spec.clip_grad_norm == 1.0  # what DeepSpeed does when the key is missing
+    assert spec.zero.reduce_bucket_size == 500_000_000  # DeepSpeed's, not the spec's default
     assert spec.optimizer.name == "adamw"  # what DeepSpeed runs for type Adam by default
     assert spec.world_size == 4
     assert spec.batch_for().global_ == 32

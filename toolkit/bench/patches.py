@@ -13,6 +13,8 @@ the in-process bench gives each variant a loss function of its own, so each is c
   one (measurement only: it moves the weights' rounding).
 - `horovod-own-wait`: Horovod torch's step waiting for its gradients in Horovod's own
   `synchronize` (a `sched_yield` spin) instead of the toolkit's spin-then-sleep wait.
+- `deepspeed-bucket`: ZeRO-1/2's step with DeepSpeed's own reduce bucket, 5e8 elements, in
+  place of the spec's default: what the default the toolkit replaced costs.
 
 Candidates measured here and since built in: the TF engines' gradient sum started from the first
 micro-batch's gradient (toolkit.backends.tf.common), Horovod TF's per-tensor allreduce
@@ -83,10 +85,36 @@ def horovod_own_wait(run: Any) -> Iterator[None]:
         module.wait_quietly = wait
 
 
+DEEPSPEED_REDUCE_BUCKET = 500_000_000
+"""DeepSpeed's own `reduce_bucket_size`, where the spec's default is 2**22."""
+
+
+@contextmanager
+def deepspeed_bucket(run: Any) -> Iterator[None]:
+    """DeepSpeed's ZeRO-1/2 step with DeepSpeed's own reduce bucket (5e8 elements) instead of
+    the toolkit's (toolkit.spec.sections.REDUCE_BUCKET_ELEMENTS): what the default the toolkit
+    replaced costs. Those stages allocate the bucket anew at every backward from the
+    optimizer's `reduce_bucket_size`, so setting it around a step sizes that step's bucket; the
+    sums are the same with 2 ranks. Refused at other stages, which allocate it once."""
+    optimizer = run.backend.engine.optimizer
+    if type(optimizer).__name__ != "DeepSpeedZeroOptimizer":
+        raise RuntimeError(
+            f"deepspeed-bucket: for ZeRO-1/2, whose optimizer allocates the bucket every "
+            f"backward; this engine's is {type(optimizer).__name__}"
+        )
+    size = optimizer.reduce_bucket_size
+    optimizer.reduce_bucket_size = DEEPSPEED_REDUCE_BUCKET
+    try:
+        yield
+    finally:
+        optimizer.reduce_bucket_size = size
+
+
 PATCHES: dict[str, Callable[[Any], AbstractContextManager[None]]] = {
     "global-loss": global_loss,
     "keras-sgd": keras_sgd,
     "horovod-own-wait": horovod_own_wait,
+    "deepspeed-bucket": deepspeed_bucket,
 }
 
 

@@ -21,14 +21,18 @@ Components (bytes per rank; P parameters, N data-parallel ranks, L the largest l
   (2 slots of 4 MiB per rank, mapped and touched whole by every rank, so in each one's RSS;
   the DeepSpeed rows of a job that sums through Gloo leave it out), Horovod's fusion
   buffer (the most a step touches, `horovod_fusion_bytes`), ZeRO-2/3's contiguous gradient
-  bucket (the touched part), ZeRO-3's flattened copy of it (`reduce_scatter_coalesced`
+  bucket (the touched part; beside it, ZeRO-2 reduces a layer larger than the bucket in that
+  layer's own gradient, `zero2_buckets`), ZeRO-3's flattened copy of it (`reduce_scatter_coalesced`
   concatenates the bucket to reduce it), ZeRO-0's flattened copy of the gradients it
   all-reduces, and ZeRO-1/2's: with `use_multi_rank_bucket_allreduce`, DeepSpeed's default,
   every rank all-reduces a flattened copy of the whole bucket (`allreduce_and_scatter` in
   stage_1_and_2.py), min(bucket, P)·w more while it reduces. These last exist only during the
   reduction; ZeRO-1/2's fp32 gradient partition exists only after it (`step()` builds it from
   the reduced gradients and drops it when the step ends), so the total counts the larger of
-  the two (`Memory.never_together`).
+  the two (`Memory.never_together`). ZeRO-1 in fp32 reduces after backward, with every
+  gradient alive, and clears those outside the rank's partition before the step: they too
+  are never beside the fp32 partition. Both were measured with a bucket smaller than the
+  model (the spec's 2**22 elements): ZeRO-1 0.97 and ZeRO-2 1.00 of the plan.
 - activations: what backward keeps, micro × (input + every leaf's output) × activation bytes,
   when the model is known; under the pipeline, the first stage holds min(m, p) micro-batches.
 
@@ -64,8 +68,10 @@ class Memory:
     activations: float | None = None
     never_together: float = 0.0
     """Bytes counted in two components that the engine never holds at the same time (the
-    smaller of the two), left out of the total: ZeRO-1/2's all-reduced copy of the bucket is
-    freed before their fp32 gradient partition is filled."""
+    smaller of the two), left out of the total: what ZeRO-1/2 hold only while they reduce (the
+    bucket's all-reduced copy; ZeRO-2's gradient of a layer larger than the bucket; ZeRO-1's
+    gradients outside the rank's partition, in fp32) is freed before their fp32 gradient
+    partition is filled."""
 
     def _sum(self, names: tuple[str, ...]) -> float:
         return sum(self.device.get(n, 0.0) + self.host.get(n, 0.0) for n in names)
@@ -157,6 +163,18 @@ def horovod_fusion_bytes(
     return min(threshold, sum(b for b in layer_gradient_bytes if b < threshold))
 
 
+def zero2_buckets(w: float, parameters: float, bucket: float, largest_layer: float) -> float:
+    """ZeRO-2's bucket bytes at its high point, a reduction in backward: the contiguous bucket
+    and its all-reduced copy, or, when a layer is larger than the bucket, the bucket beside
+    that layer's own gradient, which DeepSpeed reduces alone and in place
+    (`extra_large_param_to_reduce` in stage_1_and_2.py). Measured with the toolkit's bucket of
+    2**22 elements on the memory bench's MLP, whose 4096x4096 layer does not fit: 0.999 of
+    this (docs/bench/findings.md)."""
+    held = min(bucket, parameters)
+    oversized = bucket + largest_layer if largest_layer > bucket else 0.0
+    return w * max(2.0 * held, oversized)
+
+
 def zero3_working(
     parameters: float, bucket: float, largest_layer: float, first_layer: float | None
 ) -> float:
@@ -213,16 +231,20 @@ def zero(
         device["parameters"] = w * p
         grad16 = 0.0 if layout.offload_optimizer or not half(spec) else w * p / n
         device["gradients"] = grad16 + (0.0 if layout.offload_optimizer else fp32_grad_partition)
-        device["buffers"] = 2.0 * reduce_bucket  # the contiguous bucket and its all-reduced copy
+        device["buffers"] = zero2_buckets(w, p, bucket, largest_layer)
     else:
         device["parameters"] = w * p / n
         device["gradients"] = 0.0 if layout.offload_optimizer else fp32_grad_partition
         device["working"] = w * zero3_working(p, bucket, largest_layer, first_layer)
         device["buffers"] = 2.0 * reduce_bucket  # the contiguous bucket and its flattened copy
+    reducing = device["buffers"]  # what only the reduction holds, before the segment is added
     device["buffers"] += segment
     never_together = 0.0
     if stage in (1, 2) and not layout.offload_optimizer:
-        never_together = min(fp32_grad_partition, reduce_bucket)
+        # ZeRO-1 in fp32 reduces after backward, with every gradient alive, and its epilogue
+        # clears those outside this rank's partition before the step (`_clear_param_grad_only`)
+        cleared = w * p * (1.0 - 1.0 / n) if stage == 1 and not half(spec) else 0.0
+        never_together = min(fp32_grad_partition, reducing + cleared)
     if layout.offload_optimizer:
         host.update(states, gradients=fp32_grad_partition)
         if layout.offload_params and stage == 3:

@@ -15,7 +15,8 @@ The reverse of `toolkit.render.deepspeed`, with no silent path. Every key of the
 Errors name DeepSpeed's keys as written in the config (`zero_optimization.stage`), also when
 the spec refuses an imported value: `_Build` remembers which config key each spec field came
 from. Defaults are DeepSpeed's own (a missing gradient_clipping clips at 1.0; type Adam without
-adam_w_mode runs AdamW), written out explicitly and noted.
+adam_w_mode runs AdamW; a missing reduce_bucket_size is 5e8 elements, where the spec's default
+is smaller), written out explicitly and noted.
 
 Whatever the config holds (it is a user's file), the importer ends in a ToolkitError or a spec:
 values are shown through the spec's bounded `show_value`, and whole-number floats (JSON's 5e8)
@@ -38,8 +39,12 @@ from toolkit.render.deepspeed_input import (
 )
 from toolkit.spec import SpecError, SpecIssue, TrainSpec
 from toolkit.spec.errors import show_value
+from toolkit.spec.sections import REDUCE_BUCKET_ELEMENTS
 
 ADAM_TYPES = ("adam", "adamw")
+DEEPSPEED_REDUCE_BUCKET = 500_000_000
+"""DeepSpeed's `reduce_bucket_size` when a config leaves it out; the spec's default is smaller
+(toolkit.spec.sections.REDUCE_BUCKET_ELEMENTS), so an imported job keeps the one it ran with."""
 DEEPSPEED_SECTION = "deepspeed"
 """The spec section holding DeepSpeed-only keys (toolkit.spec.deepspeed_section)."""
 DTYPES = {"fp32": "fp32", "float32": "fp32", "fp16": "fp16", "float16": "fp16", "half": "fp16"}
@@ -246,6 +251,13 @@ def _zero(ds: ConfigReader, out: _Build) -> None:
                 out.put(f"zero.{spec_key}", zero.at(ds_key), _whole(zero.get(ds_key)))
             zero.used.add(ds_key)
     zero_data = out.data["zero"]
+    if "reduce_bucket_size" not in zero_data:
+        zero_data["reduce_bucket_size"] = DEEPSPEED_REDUCE_BUCKET
+        ds.out.note(
+            "zero_optimization.reduce_bucket_size is missing: DeepSpeed's default is 5e8; wrote "
+            f"{DEEPSPEED_REDUCE_BUCKET} (the toolkit's own default, {REDUCE_BUCKET_ELEMENTS}, "
+            "keeps ZeRO-1/2's per-step bucket off fresh pages on a CPU)"
+        )
     if zero_data.get("overlap_comm") == (stage == 3):
         del zero_data["overlap_comm"]  # DeepSpeed's own rule, which the spec's default keeps
     zero.expect("reduce_scatter", True)

@@ -171,6 +171,21 @@ class LossScalingSpec(Section):
     min_loss_scale: int = Field(default=1, ge=1, description="Lowest dynamic scale.")
 
 
+REDUCE_BUCKET_ELEMENTS = 1 << 22
+"""The toolkit's ZeRO reduce bucket, 16 MiB in fp32, where DeepSpeed's default is 5e8 elements.
+
+DeepSpeed's ZeRO-1 and 2 (and a pipeline stage at ZeRO-1) allocate the whole bucket again for
+every backward (`setup_buckets` in deepspeed/runtime/zero/stage_1_and_2.py) and free it after
+the reduction. On a CPU that is glibc's: 5e8 fp32 elements are a fresh 2 GB mapping each step,
+and every page the gradients reach faults in anew (6,154 faults a step, 24 MiB, on the bench's
+6.3 M-parameter MLP; docs/bench/findings.md). A bucket below the mmap threshold that
+`launch.malloc: keep` fixes at 32 MiB (toolkit.render.malloc) comes from the heap, which keeps
+it between steps. 2**22 is also what Hugging Face's "auto" gives a 2048-wide model (hidden
+size squared). Each gradient element is still reduced once, whichever bucket holds it: with 2
+ranks its sum is the same to the bit; with more, a ring all-reduce may add its terms in another
+order as bucket boundaries move, which can change its last bit."""
+
+
 class ZeroSpec(Section):
     """DeepSpeed ZeRO partitioning; stage 0 is plain data parallelism."""
 
@@ -194,7 +209,12 @@ class ZeroSpec(Section):
         default=True, description="Page-locked host memory for offloaded tensors."
     )
     reduce_bucket_size: int = Field(
-        default=500_000_000, ge=1, description="Elements reduced at a time."
+        default=REDUCE_BUCKET_ELEMENTS,
+        ge=1,
+        description="Elements reduced at a time. The toolkit's default, 2**22 (16 MiB in fp32), "
+        "is below DeepSpeed's 5e8: ZeRO-1 and 2 allocate the whole bucket every backward, on a "
+        "CPU a new 2 GB mapping whose touched pages fault in every step; 2**22 stays on the "
+        "heap, which keeps it between steps.",
     )
     allgather_bucket_size: int = Field(
         default=500_000_000, ge=1, description="Elements all-gathered at a time (stages 1-2)."
