@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Any
 
+from toolkit.render.deepspeed_import import DEEPSPEED_REDUCE_BUCKET
+
 
 @contextmanager
 def global_loss(run: Any) -> Iterator[None]:
@@ -85,10 +87,6 @@ def horovod_own_wait(run: Any) -> Iterator[None]:
         module.wait_quietly = wait
 
 
-DEEPSPEED_REDUCE_BUCKET = 500_000_000
-"""DeepSpeed's own `reduce_bucket_size`, where the spec's default is 2**22."""
-
-
 @contextmanager
 def deepspeed_bucket(run: Any) -> Iterator[None]:
     """DeepSpeed's ZeRO-1/2 step with DeepSpeed's own reduce bucket (5e8 elements) instead of
@@ -99,7 +97,7 @@ def deepspeed_bucket(run: Any) -> Iterator[None]:
     optimizer = run.backend.engine.optimizer
     if type(optimizer).__name__ != "DeepSpeedZeroOptimizer":
         raise RuntimeError(
-            f"deepspeed-bucket: for ZeRO-1/2, whose optimizer allocates the bucket every "
+            "deepspeed-bucket: for ZeRO-1/2, whose optimizer allocates the bucket every "
             f"backward; this engine's is {type(optimizer).__name__}"
         )
     size = optimizer.reduce_bucket_size
