@@ -596,9 +596,11 @@ def test_the_horovod_own_wait_patch_skips_the_toolkits_wait_and_puts_it_back() -
 
 
 class DeepSpeedZeroOptimizer:
-    """Named as DeepSpeed's ZeRO-1/2 optimizer, which the deepspeed-bucket patch resizes."""
+    """Named as DeepSpeed's ZeRO-1/2 optimizer, which the deepspeed-bucket patch resizes and
+    the deepspeed-multi-rank-allreduce patch switches."""
 
     reduce_bucket_size = 1 << 22
+    use_multi_rank_bucket_allreduce = False
 
 
 def _deepspeed_run(optimizer: object) -> object:
@@ -615,13 +617,23 @@ def test_the_deepspeed_bucket_patch_sizes_zero_1_2s_bucket_as_deepspeed_and_puts
     assert optimizer.reduce_bucket_size == 1 << 22
 
 
-def test_the_deepspeed_bucket_patch_refuses_stages_that_allocate_the_bucket_once() -> None:
+def test_the_multi_rank_allreduce_patch_sets_deepspeeds_default_and_puts_the_specs_back() -> None:
+    from toolkit.bench import patches
+
+    optimizer = DeepSpeedZeroOptimizer()
+    with patches.applied(_deepspeed_run(optimizer), "deepspeed-multi-rank-allreduce"):
+        assert optimizer.use_multi_rank_bucket_allreduce is True
+    assert optimizer.use_multi_rank_bucket_allreduce is False
+
+
+@pytest.mark.parametrize("patch", ["deepspeed-bucket", "deepspeed-multi-rank-allreduce"])
+def test_the_zero_1_2_patches_refuse_the_other_stages(patch: str) -> None:
     from toolkit.bench import patches
 
     stage3 = type("DeepSpeedZeroOptimizer_Stage3", (), {"reduce_bucket_size": 1 << 22})()
     with (
-        pytest.raises(RuntimeError, match="ZeRO-1/2"),
-        patches.applied(_deepspeed_run(stage3), "deepspeed-bucket"),
+        pytest.raises(RuntimeError, match=f"{patch}: for ZeRO-1/2"),
+        patches.applied(_deepspeed_run(stage3), patch),
     ):
         pass
 

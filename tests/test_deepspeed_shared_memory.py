@@ -4,7 +4,9 @@ mailboxes (toolkit/backends/deepspeed/send_recv_comm.py), for real: 2 ranks unde
 launcher train to the same bits as over Gloo at ZeRO stage 3 (asynchronous gathers and
 reduce-scatters; `TOOLKIT_MATRIX=full` adds stage 0's all-reduces and stage 2's all-reduces with
 the same gathers waited on at once; the all-reduce itself is held to Gloo's bits in
-tests/test_shared_memory_allreduce.py) and with 2 pipeline stages (sends first, through the
+tests/test_shared_memory_allreduce.py), at ZeRO stage 2 with each gradient partition reduced
+to its owner through shared memory as with DeepSpeed's all-reduce of every partition over Gloo
+(`TOOLKIT_MATRIX=full` adds stage 1), and with 2 pipeline stages (sends first, through the
 mailboxes). With `TOOLKIT_FAULTS=full`, a rank stopped at ZeRO stages 0, 2 and 3 is named by
 the shared-memory wait within `timeouts.collective_s`, and a stopped pipeline stage by the
 mailboxes' wait."""
@@ -38,6 +40,7 @@ ONLY_ALL_FAULTS = (
     " silent peer in tests/test_shared_memory_allreduce.py and tests/test_shared_memory_p2p.py"
 )
 SUMMED_STAGES = [0, 2, 3] if FULL_MATRIX else [3]
+OWNER_STAGES = [1, 2] if FULL_MATRIX else [2]
 WAIT_ENDS_THE_JOB = {"stall_s": 600, "collective_s": COLLECTIVE_SECONDS}
 """The heartbeat set far off: what ends a job with a stopped rank is a transport's wait."""
 
@@ -97,6 +100,23 @@ def test_zero_sums_through_shared_memory_to_the_bits_of_gloo(stage: int, tmp_pat
         zero_spec(stage, deepspeed={"allreduce": "shared_memory"}), tmp_path / "s.yaml"
     )
     assert through_shm == through_gloo
+
+
+@pytest.mark.skipif(not ON_X86_64, reason="the shared-memory transport runs on x86-64 only")
+@pytest.mark.parametrize("stage", OWNER_STAGES)
+def test_zero_reduces_to_owners_through_shared_memory_to_the_bits_of_deepspeeds_all_reduce(
+    stage: int, tmp_path: Path
+) -> None:
+    """The spec's default (`zero.multi_rank_bucket_allreduce: false`: each gradient partition
+    reduced to its owner, through shared memory) against DeepSpeed's own (every partition
+    all-reduced, over Gloo): the owner's sum is a + b either way, so every weight is the same."""
+    deepspeeds_own = zero_spec(stage, deepspeed={"allreduce": "gloo"})
+    deepspeeds_own["zero"]["multi_rank_bucket_allreduce"] = True
+    through_gloo = train(deepspeeds_own, tmp_path / "g.yaml")
+    to_owners = train(
+        zero_spec(stage, deepspeed={"allreduce": "shared_memory"}), tmp_path / "s.yaml"
+    )
+    assert to_owners == through_gloo
 
 
 @pytest.mark.skipif(not ON_X86_64, reason="the shared-memory transport runs on x86-64 only")

@@ -314,7 +314,7 @@ def test_zero3_clones_an_fp32_partition_for_its_optimizer() -> None:
 def test_zero12_totals_count_the_copy_or_the_partition_not_both(stage: int, apart: int) -> None:
     """fp32, 2 ranks, 10,000 parameters: the fp32 gradient partition (20,000 bytes) is never
     held beside what only backward holds. At ZeRO-2 that is a 1,000-element bucket and its
-    all-reduced copy (8,000 bytes); at ZeRO-1 the copy (4,000) and the gradients outside the
+    flattened copy (8,000 bytes); at ZeRO-1 the copy (4,000) and the gradients outside the
     rank's partition (20,000), which its epilogue clears, so the whole partition is apart."""
     zero = {"stage": stage, "reduce_bucket_size": 1000}
     spec = TrainSpec.from_dict({"backend": "deepspeed", "zero": zero})

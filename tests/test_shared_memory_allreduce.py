@@ -177,13 +177,15 @@ def _compare_with_gloo(rank: int, world: int, port: int, results: Path) -> None:
             transport.all_gather_into_(our_gather, mine)
             gathers = torch.equal(our_gather, gloo_gather)
             scatters = _reduce_scatters_as_gloo(transport, rank, world, size, dtype)
+            reduces = _reduces_as_gloo(transport, rank, world, size, dtype)
             # run.allreduce's plain sum, of integers too: exact in any order, so Gloo's
             counts = torch.randint(-(2**40), 2**40, (size,), generator=_generator(rank, size))
             gloo_counts = counts.clone()
             dist.all_reduce(gloo_counts)
             sums = torch.equal(transport.sum_(counts), gloo_counts)
             lines.append(
-                f"{dtype} {size} {same_on_every_rank} {bitwise} {close} {gathers} {scatters} {sums}"
+                f"{dtype} {size} {same_on_every_rank} {bitwise} {close} {gathers} {scatters} "
+                f"{reduces} {sums}"
             )
     (results / f"rank{rank}.txt").write_text("\n".join(lines))
     dist.destroy_process_group()
@@ -211,6 +213,30 @@ def _reduce_scatters_as_gloo(
     return "close" if close else "differs"
 
 
+def _reduces_as_gloo(
+    transport: SharedMemoryCollectives, rank: int, world: int, size: int, dtype: torch.dtype
+) -> str:
+    """ZeRO-1/2's reduce of each partition to its owner, to every root in turn: `bits` (Gloo's
+    sum on the root exactly, the others' tensors untouched), `close` (another order of
+    additions), or what went wrong."""
+    verdicts = []
+    for root in range(world):
+        mine = _values(rank, size + root, dtype)
+        reference = mine.clone()
+        dist.reduce(reference, dst=root)
+        ours = transport.reduce_to_(mine.clone(), root)
+        if rank != root:
+            verdicts.append("bits" if torch.equal(ours, mine) else "peer-changed")
+        elif torch.equal(ours, reference):
+            verdicts.append("bits")
+        else:
+            eps = torch.finfo(dtype).eps
+            close = torch.allclose(ours.double(), reference.double(), rtol=8 * eps, atol=8 * eps)
+            verdicts.append("close" if close else "differs")
+    worst = [v for v in verdicts if v != "bits"]
+    return worst[0] if worst else "bits"
+
+
 def _segments() -> set[str]:
     return {name for name in os.listdir("/dev/shm") if name.startswith(SEGMENT_PREFIX)}
 
@@ -226,8 +252,10 @@ def test_sums_gathers_and_scatters_match_gloo_and_every_rank_reads_the_same(
     for rank in range(world):
         rows = [line.split() for line in (tmp_path / f"rank{rank}.txt").read_text().splitlines()]
         assert len(rows) == len(SIZES) * len(DTYPES)
-        for dtype, size, same, bitwise, close, gathers, scatters, sums in rows:
+        for dtype, size, same, bitwise, close, gathers, scatters, reduces, sums in rows:
             assert gathers == "True", f"not Gloo's gather: {dtype} x {size}"
+            # ZeRO-1/2's reduce to each owner: as the reduce-scatter
+            assert reduces == "bits" or (world > 2 and reduces == "close"), (dtype, size)
             assert sums == "True", f"not Gloo's integer sum: {size}"
             # ZeRO-3's reduce-scatter: Gloo's bits for 2 ranks, its sums to rounding for more
             assert scatters == "bits" or (world > 2 and scatters == "close"), (dtype, size)
@@ -315,7 +343,13 @@ def _sums_of_any_tensor(rank: int, port: int, results: Path) -> None:
         out_of_order = "accepted"
     except ToolkitError as error:
         out_of_order = str(error)
+    try:  # a reduce to different roots: ranks that disagree on the partition's owner
+        transport.reduce_to_(torch.ones(4), root=rank)
+        other_root = "accepted"
+    except ToolkitError as error:
+        other_root = str(error)
     report = {
+        "other_root": other_root,
         "counts": counts.tolist(),
         "columns": columns.tolist(),
         "refusal": refusal,
@@ -337,3 +371,4 @@ def test_sums_of_integer_and_strided_tensors_and_mismatched_calls(tmp_path: Path
         assert "[12, 16]" in report["refusal"]
         assert "called different collectives" in report["out_of_order"], report["out_of_order"]
         assert "['sum', 'all-gather']" in report["out_of_order"]
+        assert "['reduce to rank 0', 'reduce to rank 1']" in report["other_root"]

@@ -20,12 +20,13 @@ backends both use it.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
-from typing import Literal
+from collections.abc import Callable, Mapping, Sequence
+from typing import Literal, TypeVar
 
 from toolkit.errors import ToolkitError
 
 Threads = int | Literal["auto"]
+T = TypeVar("T")
 
 
 def usable_cores() -> int:
@@ -77,11 +78,19 @@ def bind_to_cores(cores: Sequence[int]) -> None:
     Horovod's background thread, the compute pools) follow the main thread's. The ones started
     before, such as an engine's import-time threads, are bound here one by one."""
     mask = set(cores)
+    each_thread(lambda thread: os.sched_setaffinity(thread, mask))
+
+
+def each_thread(act: Callable[[int], T]) -> list[T]:
+    """`act` on each thread of this process by its id (/proc/self/task), leaving out the
+    threads that end between the listing and their call."""
+    results = []
     for task in os.listdir("/proc/self/task"):
         try:
-            os.sched_setaffinity(int(task), mask)
+            results.append(act(int(task)))
         except ProcessLookupError:  # the thread ended since the listing
             continue
+    return results
 
 
 def bind_rank(bind: bool, local_rank: int, ranks_on_host: int) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 import toolkit
+from toolkit.cores import each_thread
 from toolkit.launch.environment import split_local_rank_arg
 
 
@@ -61,13 +62,7 @@ def reduce_in_place(run: Any, mine: float) -> Any:
 def thread_cores() -> list[list[int]]:
     """The cores each thread of this rank may run on, after a step: the engine's own threads
     (Gloo's, MPI's, TensorFlow's pools) have started by then."""
-    masks = []
-    for task in os.listdir("/proc/self/task"):
-        try:
-            masks.append(sorted(os.sched_getaffinity(int(task))))
-        except ProcessLookupError:  # the thread ended since the listing
-            continue
-    return masks
+    return each_thread(lambda thread: sorted(os.sched_getaffinity(thread)))
 
 
 def compute_threads(run: Any) -> int:

@@ -1,7 +1,7 @@
-"""Sums, all-gathers and reduce-scatters across ranks through shared memory, for ranks that share
-one host: DDP's gradient buckets (a DDP comm hook, `ddp.allreduce`), DeepSpeed's gradient
-reductions and weight gathers at every ZeRO stage (its communication backend's `all_reduce`,
-`all_gather_into_tensor` and `reduce_scatter_tensor`, `deepspeed.allreduce`;
+"""Sums, all-gathers, reduce-scatters and reduces across ranks through shared memory, for ranks
+that share one host: DDP's gradient buckets (a DDP comm hook, `ddp.allreduce`), DeepSpeed's
+gradient reductions and weight gathers at every ZeRO stage (its communication backend's
+`all_reduce`, `reduce`, `all_gather_into_tensor` and `reduce_scatter_tensor`, `deepspeed.allreduce`;
 toolkit.backends.deepspeed.shared_memory_comm), and `run.allreduce` under either.
 
 Why: torch's Gloo moves a 25 MB bucket between two processes of one host at about 1 GB/s over
@@ -47,6 +47,12 @@ of the segment, as in the all-reduce (a 25 MiB reduce-scatter into the rank's ow
 ZeRO-3 calls it, took 0.56-0.66 of the time it took when every piece went through the segment:
 8 launches of 57 calls each way, alternating in the same 2 processes, 2026-11-27). With 2 ranks
 the sums are Gloo's bits.
+
+A reduce to one rank (the root) is half an all-reduce: every other rank writes its chunk into
+its slot, one barrier, and the root adds its peers' chunks, in slot order, to its own, in its
+tensor. ZeRO-1/2 reduce each rank's gradient partition so when
+`zero.multi_rank_bucket_allreduce` is false: each rank then moves its peers' partitions once,
+where an all-reduce of the whole bucket also copies every sum back out.
 
 Each chunk's size and collective are written beside it, and every rank checks its peers'
 after the barrier: ranks that passed tensors of different sizes, or issued their collectives
@@ -112,7 +118,9 @@ LONGEST_PAUSE_SECONDS = 0.001
 
 _X86_64 = ("x86_64", "amd64")
 COLLECTIVES = ("sum", "all-gather", "reduce-scatter")
-"""What a chunk belongs to, written beside its size (index + 1) and checked against the peers'."""
+"""What a chunk belongs to, written beside its size (index + 1) and checked against the peers';
+a reduce to rank r is written as len(COLLECTIVES) + 1 + r, so ranks that name different roots
+meet an error too."""
 SEGMENT_PREFIX = "toolkit-allreduce-"
 """The segment files' names in /dev/shm, each unlinked once every rank has mapped it."""
 
@@ -250,6 +258,29 @@ class SharedMemoryCollectives:
             self._add_peers_(own, every_slot[:, self.rank])
         return output
 
+    def reduce_to_(self, tensor: torch.Tensor, root: int) -> torch.Tensor:
+        """Sum `tensor` over the ranks into rank `root`'s `tensor` (torch's reduce; ZeRO-1/2
+        reduce each rank's gradient partition to its owner so under
+        `zero.multi_rank_bucket_allreduce: false`); the other ranks' tensors are left as they
+        were. For each chunk every other rank writes its piece into its slot and, after one
+        barrier, the root adds its peers' pieces, in slot order, to its own: the root's term
+        never goes through the segment, and nothing is copied back. One barrier a chunk is
+        enough, as for the all-gather. With 2 ranks the sum is Gloo's bits."""
+        flat = tensor.contiguous().view(-1)
+        per_slot = SLOT_BYTES // flat.element_size()
+        kind = f"reduce to rank {root}"
+        for start in range(0, flat.numel(), per_slot):
+            piece = flat[start : start + per_slot]
+            slots, slot_set = self._next_chunk(piece, kind)
+            if self.rank != root:
+                slots[self.rank].copy_(piece)
+            self._arrive(slot_set)
+            if self.rank == root:
+                self._add_peers_(piece, slots)
+        if self.rank == root and flat.data_ptr() != tensor.data_ptr():
+            tensor.copy_(flat.view_as(tensor))
+        return tensor
+
     def _write_chunk(self, piece: torch.Tensor, kind: str) -> torch.Tensor:
         """Write this rank's whole piece of a chunk of the collective `kind` (the all-gather's)
         into its slot of the chunk's set, wait for every rank's, and return the set's slots
@@ -266,7 +297,7 @@ class SharedMemoryCollectives:
         self.chunk += 1
         flags = FLAG_STRIDE * self.rank + slot_set
         self.flags[flags + 1] = count * piece.element_size()
-        self.flags[flags + 3] = COLLECTIVES.index(kind) + 1
+        self.flags[flags + 3] = collective_code(kind)
         return self.slots[slot_set].view(piece.dtype)[:, :count], slot_set
 
     def _arrive(self, slot_set: int) -> None:
@@ -328,7 +359,7 @@ class SharedMemoryCollectives:
         the next chunk's before a slow one has read this one's."""
         kinds = self.flags[3 + slot_set :: FLAG_STRIDE]
         if (kinds != kinds[self.rank]).any():
-            called = [COLLECTIVES[int(kind) - 1] for kind in kinds]
+            called = [collective_name(int(kind)) for kind in kinds]
             raise ToolkitError(
                 f"{self.field} (shared memory): the ranks called different collectives at the "
                 f"same point (by rank: {called}); every rank must issue the same collectives "
@@ -349,6 +380,23 @@ class SharedMemoryCollectives:
             f"{self.timeout_s:g} s (timeouts.collective_s) for rank(s) {missing} on the same "
             "host; they are dead or stalled"
         )
+
+
+REDUCE_PREFIX = "reduce to rank "
+
+
+def collective_code(kind: str) -> int:
+    """The number a chunk of the collective `kind` carries in the flags (COLLECTIVES)."""
+    if kind.startswith(REDUCE_PREFIX):
+        return len(COLLECTIVES) + 1 + int(kind.removeprefix(REDUCE_PREFIX))
+    return COLLECTIVES.index(kind) + 1
+
+
+def collective_name(code: int) -> str:
+    """The collective a chunk's number stands for: the inverse of `collective_code`."""
+    if code > len(COLLECTIVES):
+        return f"{REDUCE_PREFIX}{code - len(COLLECTIVES) - 1}"
+    return COLLECTIVES[code - 1]
 
 
 def wait_for(

@@ -15,6 +15,9 @@ the in-process bench gives each variant a loss function of its own, so each is c
   `synchronize` (a `sched_yield` spin) instead of the toolkit's spin-then-sleep wait.
 - `deepspeed-bucket`: ZeRO-1/2's step with DeepSpeed's own reduce bucket, 5e8 elements, in
   place of the spec's default: what the default the toolkit replaced costs.
+- `deepspeed-multi-rank-allreduce`: ZeRO-1/2's step all-reducing every rank's gradient
+  partitions together, DeepSpeed's default, in place of reducing each to its owner
+  (`zero.multi_rank_bucket_allreduce: false`, the spec's default).
 
 Candidates measured here and since built in: the TF engines' gradient sum started from the first
 micro-batch's gradient (toolkit.backends.tf.common), Horovod TF's per-tensor allreduce
@@ -94,12 +97,7 @@ def deepspeed_bucket(run: Any) -> Iterator[None]:
     replaced costs. Those stages allocate the bucket anew at every backward from the
     optimizer's `reduce_bucket_size`, so setting it around a step sizes that step's bucket; the
     sums are the same with 2 ranks. Refused at other stages, which allocate it once."""
-    optimizer = run.backend.engine.optimizer
-    if type(optimizer).__name__ != "DeepSpeedZeroOptimizer":
-        raise RuntimeError(
-            "deepspeed-bucket: for ZeRO-1/2, whose optimizer allocates the bucket every "
-            f"backward; this engine's is {type(optimizer).__name__}"
-        )
+    optimizer = _zero_1_2_optimizer(run, "deepspeed-bucket")
     size = optimizer.reduce_bucket_size
     optimizer.reduce_bucket_size = DEEPSPEED_REDUCE_BUCKET
     try:
@@ -108,11 +106,37 @@ def deepspeed_bucket(run: Any) -> Iterator[None]:
         optimizer.reduce_bucket_size = size
 
 
+@contextmanager
+def deepspeed_multi_rank_allreduce(run: Any) -> Iterator[None]:
+    """DeepSpeed's ZeRO-1/2 step with its own `use_multi_rank_bucket_allreduce: true`: the
+    optimizer reads the flag at every reduction (`average_tensor`), so setting it around a step
+    sets that step's. The owners' sums are the same."""
+    optimizer = _zero_1_2_optimizer(run, "deepspeed-multi-rank-allreduce")
+    chosen = optimizer.use_multi_rank_bucket_allreduce
+    optimizer.use_multi_rank_bucket_allreduce = True
+    try:
+        yield
+    finally:
+        optimizer.use_multi_rank_bucket_allreduce = chosen
+
+
+def _zero_1_2_optimizer(run: Any, patch: str) -> Any:
+    """The engine's ZeRO-1/2 optimizer; refused at other stages, which have neither setting."""
+    optimizer = run.backend.engine.optimizer
+    if type(optimizer).__name__ != "DeepSpeedZeroOptimizer":
+        raise RuntimeError(
+            f"{patch}: for ZeRO-1/2's optimizer (DeepSpeedZeroOptimizer); this engine's is "
+            f"{type(optimizer).__name__}"
+        )
+    return optimizer
+
+
 PATCHES: dict[str, Callable[[Any], AbstractContextManager[None]]] = {
     "global-loss": global_loss,
     "keras-sgd": keras_sgd,
     "horovod-own-wait": horovod_own_wait,
     "deepspeed-bucket": deepspeed_bucket,
+    "deepspeed-multi-rank-allreduce": deepspeed_multi_rank_allreduce,
 }
 
 

@@ -232,7 +232,10 @@ def rows(runs: dict[str, dict[str, Any]]) -> list[Row]:
     """The targets' rows from `runs` (file name -> its JSON) of READERS' files, each row's
     source named with the day its run began: files of different runs may stand side by side.
     A newer RESOLVING_RUN replaces the adapter's rows of the cases it launched on."""
-    replacing = _resolved_rows(runs)
+    return _rows(runs, _resolved_rows(runs))
+
+
+def _rows(runs: dict[str, dict[str, Any]], replacing: dict[tuple[str, str], Row]) -> list[Row]:
     return [
         replacing.get((row.target, row.subject), row)
         for name, read in READERS
@@ -244,11 +247,12 @@ def rows(runs: dict[str, dict[str, Any]]) -> list[Row]:
 def section(runs: dict[str, dict[str, Any]]) -> list[str]:
     """The Markdown of the targets table from `runs` (a JSON file's name -> its contents, as
     `toolkit bench report` read them), or nothing when none of READERS' files is among them."""
-    found = rows(runs)
+    replacing = _resolved_rows(runs)
+    found = _rows(runs, replacing)
     if not found:
         return []
     read = [name for name, _ in READERS if name in runs]
-    read += [RESOLVING_RUN] if _resolved_rows(runs) else []
+    read += [RESOLVING_RUN] if replacing else []
     dates = sorted({_date(runs[name]) for name in read})
     counts = {
         verdict: sum(row.verdict == verdict for row in found)

@@ -24,9 +24,13 @@ Components (bytes per rank; P parameters, N data-parallel ranks, L the largest l
   bucket (the touched part; beside it, ZeRO-2 reduces a layer larger than the bucket in that
   layer's own gradient, `zero2_buckets`), ZeRO-3's flattened copy of it (`reduce_scatter_coalesced`
   concatenates the bucket to reduce it), ZeRO-0's flattened copy of the gradients it
-  all-reduces, and ZeRO-1/2's: with `use_multi_rank_bucket_allreduce`, DeepSpeed's default,
-  every rank all-reduces a flattened copy of the whole bucket (`allreduce_and_scatter` in
-  stage_1_and_2.py), min(bucket, P)·w more while it reduces. These last exist only during the
+  all-reduces, and ZeRO-1/2's flattened copy of what they reduce at a time, at most the
+  bucket, min(bucket, P)·w more while they reduce: with `use_multi_rank_bucket_allreduce`,
+  DeepSpeed's default, a copy of the whole bucket all-reduced (`allreduce_and_scatter` in
+  stage_1_and_2.py); with the spec's default (`zero.multi_rank_bucket_allreduce: false`) a copy
+  of each owner's share reduced to it (`allreduce_no_retain`), which a bucket inside one
+  owner's partition makes the whole bucket (the memory bench read the same high point both
+  ways, 32 MiB of a layer split between the partitions). These last exist only during the
   reduction; ZeRO-1/2's fp32 gradient partition exists only after it (`step()` builds it from
   the reduced gradients and drops it when the step ends), so the total counts the larger of
   the two (`Memory.never_together`). ZeRO-1 in fp32 reduces after backward, with every
@@ -69,9 +73,9 @@ class Memory:
     never_together: float = 0.0
     """Bytes counted in two components that the engine never holds at the same time (the
     smaller of the two), left out of the total: what ZeRO-1/2 hold only while they reduce (the
-    bucket's all-reduced copy; ZeRO-2's gradient of a layer larger than the bucket; ZeRO-1's
-    gradients outside the rank's partition, in fp32) is freed before their fp32 gradient
-    partition is filled."""
+    flattened copy of what they reduce; ZeRO-2's gradient of a layer larger than the bucket;
+    ZeRO-1's gradients outside the rank's partition, in fp32) is freed before their fp32
+    gradient partition is filled."""
 
     def _sum(self, names: tuple[str, ...]) -> float:
         return sum(self.device.get(n, 0.0) + self.host.get(n, 0.0) for n in names)
@@ -165,7 +169,7 @@ def horovod_fusion_bytes(
 
 def zero2_buckets(w: float, parameters: float, bucket: float, largest_layer: float) -> float:
     """ZeRO-2's bucket bytes at its high point, a reduction in backward: the contiguous bucket
-    and its all-reduced copy, or, when a layer is larger than the bucket, the bucket beside
+    and its flattened copy, or, when a layer is larger than the bucket, the bucket beside
     that layer's own gradient, which DeepSpeed reduces alone and in place
     (`extra_large_param_to_reduce` in stage_1_and_2.py). Measured with the toolkit's bucket of
     2**22 elements on the memory bench's MLP, whose 4096x4096 layer does not fit: 0.999 of
@@ -226,7 +230,7 @@ def zero(
     if stage == 1:
         device["parameters"] = w * p
         device["gradients"] = w * p + (0.0 if layout.offload_optimizer else fp32_grad_partition)
-        device["buffers"] = reduce_bucket  # the all-reduced copy
+        device["buffers"] = reduce_bucket  # the flattened copy it reduces
     elif stage == 2:
         device["parameters"] = w * p
         grad16 = 0.0 if layout.offload_optimizer or not half(spec) else w * p / n

@@ -44,8 +44,8 @@ def text(rows: list[PlanRow], facts: ModelFacts, ranks: int, header: str) -> str
     lines.append("")
     lines.append(
         "host = what offload moves off the device (included in the columns before it); "
-        "sent/step = MiB each rank sends per optimizer step; ZeRO-1/2 free their all-reduced "
-        "copy of the bucket before they fill their fp32 gradient partition"
+        "sent/step = MiB each rank sends per optimizer step; ZeRO-1/2 free the flattened "
+        "copy of the gradients they reduce before they fill their fp32 gradient partition"
     )
     return "\n".join(lines)
 

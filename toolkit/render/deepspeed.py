@@ -104,6 +104,7 @@ def zero_section(spec: TrainSpec) -> dict[str, Any]:
         "overlap_comm": overlap,
         "reduce_scatter": True,
         "reduce_bucket_size": zero.reduce_bucket_size,
+        "use_multi_rank_bucket_allreduce": zero.multi_rank_bucket_allreduce,
         "allgather_partitions": True,
         "allgather_bucket_size": zero.allgather_bucket_size,
         "round_robin_gradients": False,

@@ -16,7 +16,8 @@ Errors name DeepSpeed's keys as written in the config (`zero_optimization.stage`
 the spec refuses an imported value: `_Build` remembers which config key each spec field came
 from. Defaults are DeepSpeed's own (a missing gradient_clipping clips at 1.0; type Adam without
 adam_w_mode runs AdamW; a missing reduce_bucket_size is 5e8 elements, where the spec's default
-is smaller), written out explicitly and noted.
+is smaller; a missing use_multi_rank_bucket_allreduce is true, where the spec's default is
+false), written out explicitly and noted.
 
 Whatever the config holds (it is a user's file), the importer ends in a ToolkitError or a spec:
 values are shown through the spec's bounded `show_value`, and whole-number floats (JSON's 5e8)
@@ -258,12 +259,29 @@ def _zero(ds: ConfigReader, out: _Build) -> None:
             f"{DEEPSPEED_REDUCE_BUCKET} (the toolkit's own default, {REDUCE_BUCKET_ELEMENTS}, "
             "keeps ZeRO-1/2's per-step bucket off fresh pages on a CPU)"
         )
+    _multi_rank_bucket_allreduce(zero, out)
     if zero_data.get("overlap_comm") == (stage == 3):
         del zero_data["overlap_comm"]  # DeepSpeed's own rule, which the spec's default keeps
     zero.expect("reduce_scatter", True)
     zero.expect("allgather_partitions", True)
     zero.expect("round_robin_gradients", False)
     zero.finish()
+
+
+MULTI_RANK = "use_multi_rank_bucket_allreduce"
+
+
+def _multi_rank_bucket_allreduce(zero: ConfigReader, out: _Build) -> None:
+    """DeepSpeed's `use_multi_rank_bucket_allreduce` as the config has it, and DeepSpeed's
+    default (true) where it leaves the key out: the spec's default reduces each partition to
+    its owner instead."""
+    out.put("zero.multi_rank_bucket_allreduce", zero.at(MULTI_RANK), zero.get(MULTI_RANK, True))
+    if not zero.has(MULTI_RANK):
+        zero.out.note(
+            f"zero_optimization.{MULTI_RANK} is missing: DeepSpeed's default is true; wrote true "
+            "(the toolkit's own default, false, reduces each gradient partition to its owner, "
+            "moving each gradient once)"
+        )
 
 
 _SCALING = (

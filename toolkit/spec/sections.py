@@ -216,6 +216,13 @@ class ZeroSpec(Section):
         "CPU a new 2 GB mapping whose touched pages fault in every step; 2**22 stays on the "
         "heap, which keeps it between steps.",
     )
+    multi_rank_bucket_allreduce: bool = Field(
+        default=False,
+        description="Stages 1-2: all-reduce every rank's gradient partitions together (DeepSpeed's "
+        "default, true) instead of reducing each partition to the rank that owns it (false): "
+        "the owner's sum is the same, and a reduce moves each gradient once where the "
+        "all-reduce also copies every sum back to every rank.",
+    )
     allgather_bucket_size: int = Field(
         default=500_000_000, ge=1, description="Elements all-gathered at a time (stages 1-2)."
     )

@@ -4,13 +4,17 @@
 Where DeepSpeed communicates: every collective goes through one module-level object,
 `deepspeed.comm.comm.cdb` (its TorchBackend over torch.distributed). DeepSpeed has no setting
 for the transport of any of the collectives below (its CPU shared-memory op serves
-`inference_all_reduce` only, never training), so the toolkit wraps `cdb`: a SUM all-reduce or
-reduce-scatter, or an all-gather, over a group of every rank goes through shared memory,
-anything else to DeepSpeed's own backend unchanged.
+`inference_all_reduce` only, never training), so the toolkit wraps `cdb`: a SUM all-reduce,
+reduce or reduce-scatter, or an all-gather, over a group of every rank goes through shared
+memory, anything else to DeepSpeed's own backend unchanged.
 
 - ZeRO-0's `engine.allreduce_bucket` and ZeRO-1/2's `average_tensor` (with `reduce_scatter:
   true`, which the toolkit writes) flatten a bucket of gradients, divide it by the world size
   before or after, and call `cdb.all_reduce`.
+- With `use_multi_rank_bucket_allreduce: false` (the toolkit's
+  `zero.multi_rank_bucket_allreduce`), ZeRO-1/2's `average_tensor` instead reduces each rank's
+  partition of the bucket to that rank (`allreduce_bucket` with a rank: `cdb.reduce` to its
+  global rank).
 - After the optimizer step, ZeRO-1/2 gather each rank's updated weight partition into the full
   flat weights (`all_gather_into_tensor_dp_groups` in runtime/utils.py:
   `cdb.all_gather_into_tensor`).
@@ -30,7 +34,8 @@ did not would meet a peer's different collective, and the transport stops every 
 an error naming each one's call (a chunk records its collective and size). The pipeline engine
 reduces over groups of some ranks, and its collectives stay DeepSpeed's
 (`toolkit.spec.deepspeed_section.collectives_over_every_rank`); its sends and receives have a
-wrapper of their own (toolkit.backends.deepspeed.send_recv_comm).
+wrapper of their own (toolkit.backends.deepspeed.send_recv_comm). A reduce's `dst` is a global
+rank (DeepSpeed maps its group rank to one), which is the transport's rank over every rank.
 
 Bits: the sum of 2 ranks is a + b through either transport and a gather copies, so the weights are
 Gloo's to the bit (the parity cases hold them to DDP's); with more ranks the order of the
@@ -62,8 +67,8 @@ class CommWrapper:
 
 
 class SharedMemoryComm(CommWrapper):
-    """DeepSpeed's communication backend with `all_reduce`, `all_gather_into_tensor` and
-    `reduce_scatter_tensor` over shared memory where they can; every other attribute is the
+    """DeepSpeed's communication backend with `all_reduce`, `reduce`, `all_gather_into_tensor`
+    and `reduce_scatter_tensor` over shared memory where they can; every other attribute is the
     wrapped backend's. An asynchronous call (ZeRO-3's weight gathers) completes before it
     returns, with a handle whose `wait` has nothing left to do."""
 
@@ -81,6 +86,19 @@ class SharedMemoryComm(CommWrapper):
         if not _is_sum(op) or not self._every_rank(group) or tensor.is_cuda:
             return self.inner.all_reduce(tensor, op, group, async_op)
         self.transport.sum_(tensor)
+        return _done(async_op)
+
+    def reduce(
+        self,
+        tensor: torch.Tensor,
+        dst: int,
+        op: Any = ReduceOp.SUM,
+        group: Any = None,
+        async_op: bool = False,
+    ) -> Any:
+        if not _is_sum(op) or not self._every_rank(group) or tensor.is_cuda:
+            return self.inner.reduce(tensor=tensor, dst=dst, op=op, group=group, async_op=async_op)
+        self.transport.reduce_to_(tensor, dst)
         return _done(async_op)
 
     def all_gather_into_tensor(

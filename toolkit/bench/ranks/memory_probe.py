@@ -153,7 +153,13 @@ COLLECTIVES: dict[str, tuple[str, ...]] = {
         "all_gather_into_tensor",
         "reduce",
     ),
-    "deepspeed.comm": ("reduce_scatter_fn", "allgather_fn", "all_reduce", "all_gather_into_tensor"),
+    "deepspeed.comm": (
+        "reduce_scatter_fn",
+        "allgather_fn",
+        "all_reduce",
+        "reduce",
+        "all_gather_into_tensor",
+    ),
 }
 """Module -> the collectives `StepReadings` reads memory before; each takes the tensor first
 (DeepSpeed's gathers and reduce-scatter, the output)."""
@@ -167,8 +173,9 @@ class StepReadings:
     partition and then free, the gradients of the layer ZeRO-3 has gathered). The collectives
     are torch.distributed's, DeepSpeed's `reduce_scatter_fn` and `allgather_fn`, through
     which ZeRO-3 goes (its `all_gather_function` was bound to torch's when DeepSpeed started,
-    out of reach of a wrapper on torch.distributed), and DeepSpeed's `all_reduce` and
-    `all_gather_into_tensor`, which ZeRO-0/1/2 call. On one host all of DeepSpeed's reach
+    out of reach of a wrapper on torch.distributed), and DeepSpeed's `all_reduce`, `reduce`
+    (ZeRO-1/2's reduction of each partition to its owner) and `all_gather_into_tensor`, which
+    ZeRO-0/1/2 call. On one host all of DeepSpeed's reach
     shared memory, not torch.distributed (toolkit.backends.deepspeed.shared_memory_comm). Horovod's
     and DDP's shared-memory reductions are none of these; their buffers persist, so the
     step's reading sees them."""
