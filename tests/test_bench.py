@@ -541,6 +541,29 @@ def test_toolkit_over_a_variant_is_taken_launch_by_launch_too() -> None:
     assert launch_by_launch.to_json()["combined_toolkit_over_floor"] is None
 
 
+def test_a_toolkit_variant_is_also_taken_over_the_toolkits_own_step_beside_it() -> None:
+    """A patched or set variant against the toolkit, cycle by cycle: 110 ms beside 100 is 1.10
+    whatever native did in those cycles (here native jumps between launches)."""
+    labels = ["native", "toolkit", "toolkit+a-patch", "toolkit@zero.stage=1"]
+    result = CaseResult("zero1", {}, labels, figures={"median": {}, "cpu": {}})
+    result.extend("native", [0.05, 0.05, 0.2, 0.2], [0.1] * 4, [])
+    result.extend("toolkit", [0.1, 0.1, 0.2, 0.2], [0.1] * 4, [])
+    result.extend("toolkit+a-patch", [0.11, 0.11, 0.22, 0.22], [0.1] * 4, [])
+    result.extend("toolkit@zero.stage=1", [0.1, 0.1, 0.2, 0.2], [0.1] * 4, [])
+    result.launch_cycles = [2, 2]
+    over = result.to_json()["over_toolkit"]
+    assert set(over) == {"toolkit+a-patch", "toolkit@zero.stage=1"}
+    assert over["toolkit+a-patch"]["median"] == pytest.approx(1.10)
+    assert over["toolkit+a-patch"]["n"] == 2  # launches, combined
+    assert over["toolkit@zero.stage=1"]["median"] == pytest.approx(1.0)
+    data = {**_step_data(), "kind": "step-in-process", "cases": [result.to_json()]}
+    section = "\n".join(markdown.step_section(data, "Patched", "p.png"))
+    assert "| case | toolkit+a-patch / toolkit | toolkit@zero.stage=1 / toolkit |" in section
+    assert "| zero1 | 1.100 [" in section
+    plain = CaseResult("ddp", {}, ["native", "toolkit", "native-again"])
+    assert plain.to_json()["over_toolkit"] == {}
+
+
 def test_a_ratio_is_resolved_only_over_enough_launches_that_agree() -> None:
     steady = _in_process_result([101.0, 101.1, 100.9, 101.0, 101.05] * 2, [2] * 5)
     assert resolved(steady, 0.01)

@@ -50,6 +50,32 @@ def _ratio(spread: dict[str, Any] | None) -> str:
     )
 
 
+def _over_toolkit(data: dict[str, Any], in_process: bool) -> list[str]:
+    """The toolkit's patched and set variants against the toolkit's own step beside them
+    (`over_toolkit`, recorded since 2026-11-28)."""
+    labels: list[str] = []
+    for case in data["cases"]:
+        labels += [label for label in case.get("over_toolkit") or {} if label not in labels]
+    if not labels:
+        return []
+    how = (
+        "cycle by cycle, the launches combined as above"
+        if in_process
+        else "repetition by repetition"
+    )
+    head = ["case", *(f"{label} / toolkit" for label in labels)]
+    rows = [
+        [case["case"], *(_ratio((case.get("over_toolkit") or {}).get(label)) for label in labels)]
+        for case in data["cases"]
+    ]
+    return [
+        f"Each variant of the toolkit's step against the toolkit's own beside it ({how}):",
+        "",
+        *_table(head, rows),
+        "",
+    ]
+
+
 def step_section(data: dict[str, Any], title: str, png: str) -> list[str]:
     labels: list[str] = []
     for case in data["cases"]:
@@ -138,6 +164,7 @@ def step_section(data: dict[str, Any], title: str, png: str) -> list[str]:
             for row, case in zip(rows, data["cases"], strict=True):
                 row.append(_ratio(case.get(floor_key)))
         lines += ["", *_table(head, rows), ""]
+    lines += _over_toolkit(data, in_process)
     errors = [
         f"- {case['case']}: {e.splitlines()[0]}" for case in data["cases"] for e in case["errors"]
     ]

@@ -147,6 +147,22 @@ class CaseResult:
             for label in self.variants[1:]
         }
 
+    def over_toolkit(self) -> dict[str, dict[str, Any]]:
+        """Each variant of the toolkit's step (a patch or a toolkit setting) / the toolkit's own
+        step beside it: what the variant changes (in-process: cycle by cycle, combined over
+        launches as toolkit / native is; otherwise repetition by repetition)."""
+        found = {}
+        for label in self.variants:
+            if not label.startswith(TOOLKIT_VARIANTS):
+                continue
+            if self.launch_cycles:
+                cycles = self.launch_cycle_ratios(label, over="toolkit")
+                spread = stats.combine_launches(cycles)
+            else:
+                spread = self.ratios("median", over="toolkit")[label]
+            found[label] = spread.to_json()
+        return found
+
     def add_floor_parts(self, record: dict[str, Any]) -> None:
         for part in ("compute", "move"):
             seconds = record.get(f"{part}_s") or [math.nan]
@@ -183,6 +199,7 @@ class CaseResult:
             "combined_ratio_to_baseline": {
                 k: v.to_json() for k, v in self.combined_launches().items()
             },
+            "over_toolkit": self.over_toolkit(),
             "toolkit_over_defaults": self.toolkit_over("defaults"),
             "toolkit_over_floor": self.toolkit_over("floor"),
             "combined_toolkit_over_floor": self.combined_toolkit_over("floor"),
@@ -194,6 +211,10 @@ class CaseResult:
             "settings": self.settings,
             "errors": self.errors,
         }
+
+
+TOOLKIT_VARIANTS = ("toolkit+", "toolkit@")
+"""How the labels of the toolkit's patched (--patch) and set (--toolkit-setting) variants begin."""
 
 
 def variants_for(
