@@ -89,12 +89,27 @@ def test_defaults_written_out_are_noted() -> None:
     text = "\n".join(imported.warnings)
     assert "gradient_clipping is missing" in text and "Adam without adam_w_mode" in text
     assert "reduce_bucket_size is missing" in text
+    assert "use_multi_rank_bucket_allreduce is missing" in text
     spec = imported.spec
     assert spec.clip_grad_norm == 1.0  # what DeepSpeed does when the key is missing
     assert spec.zero.reduce_bucket_size == 500_000_000  # DeepSpeed's, not the spec's default
+    assert spec.zero.multi_rank_bucket_allreduce is True  # DeepSpeed's, not the spec's default
     assert spec.optimizer.name == "adamw"  # what DeepSpeed runs for type Adam by default
     assert spec.world_size == 4
     assert spec.batch_for().global_ == 32
+
+
+def test_a_configs_own_multi_rank_bucket_allreduce_is_kept_without_a_note() -> None:
+    config = {
+        "train_micro_batch_size_per_gpu": 8,
+        "zero_optimization": {"stage": 2, "use_multi_rank_bucket_allreduce": False},
+    }
+    imported = spec_from_deepspeed(config, world_size=2)
+    assert imported.spec.zero.multi_rank_bucket_allreduce is False
+    assert not any("use_multi_rank_bucket_allreduce" in note for note in imported.warnings)
+    refused = {**config, "zero_optimization": {"use_multi_rank_bucket_allreduce": "yes"}}
+    with pytest.raises(ToolkitError, match=r"zero_optimization\.use_multi_rank_bucket_allreduce"):
+        spec_from_deepspeed(refused, world_size=2)
 
 
 UNMODELLED = {

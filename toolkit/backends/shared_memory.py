@@ -121,6 +121,8 @@ COLLECTIVES = ("sum", "all-gather", "reduce-scatter")
 """What a chunk belongs to, written beside its size (index + 1) and checked against the peers';
 a reduce to rank r is written as len(COLLECTIVES) + 1 + r, so ranks that name different roots
 meet an error too."""
+REDUCE_PREFIX = "reduce to rank "
+"""A reduce's collective is named with its root: "reduce to rank 1"."""
 SEGMENT_PREFIX = "toolkit-allreduce-"
 """The segment files' names in /dev/shm, each unlinked once every rank has mapped it."""
 
@@ -380,9 +382,6 @@ class SharedMemoryCollectives:
             f"{self.timeout_s:g} s (timeouts.collective_s) for rank(s) {missing} on the same "
             "host; they are dead or stalled"
         )
-
-
-REDUCE_PREFIX = "reduce to rank "
 
 
 def collective_code(kind: str) -> int:

@@ -175,10 +175,10 @@ class StepReadings:
     which ZeRO-3 goes (its `all_gather_function` was bound to torch's when DeepSpeed started,
     out of reach of a wrapper on torch.distributed), and DeepSpeed's `all_reduce`, `reduce`
     (ZeRO-1/2's reduction of each partition to its owner) and `all_gather_into_tensor`, which
-    ZeRO-0/1/2 call. On one host all of DeepSpeed's reach
-    shared memory, not torch.distributed (toolkit.backends.deepspeed.shared_memory_comm). Horovod's
-    and DDP's shared-memory reductions are none of these; their buffers persist, so the
-    step's reading sees them."""
+    ZeRO-0/1/2 call. On one host all of DeepSpeed's reach shared memory, not
+    torch.distributed (toolkit.backends.deepspeed.shared_memory_comm). Horovod's and DDP's
+    shared-memory reductions are none of these; their buffers persist, so the step's reading
+    sees them."""
 
     def __init__(self) -> None:
         self.highest = 0
