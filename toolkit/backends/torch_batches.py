@@ -13,7 +13,7 @@ Imported only by the torch backends. The rules (see `toolkit.backends.base`):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -94,6 +94,25 @@ def micro_batch_loss(
         return returned_loss(call_model(model, to_torch(batch, float_dtype)))
     inputs, targets = split_pair(batch, "train_step with a loss_fn")
     return loss_fn(call_model(model, to_torch(inputs, float_dtype)), to_torch(targets))
+
+
+def share_of_step(loss: torch.Tensor, count: int) -> torch.Tensor:
+    """A micro-batch's loss as its share of the step's gradient, loss / count; one micro-batch's
+    loss as it is: x / 1 is x, and so is the gradient it passes back, and the division and its
+    backward were two of the few ops the toolkit's step adds to an engine's (about 15 of the
+    80-100 us it added on a tiny model; docs/bench/findings.md)."""
+    return loss if count == 1 else loss / count
+
+
+def mean_loss(losses: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The micro-batches' mean loss in float64, added in order; one micro-batch's loss as it is
+    (0 + x is x, and so is x / 1)."""
+    if len(losses) == 1:
+        return losses[0].detach().double()
+    total = torch.zeros((), dtype=torch.float64)
+    for loss in losses:
+        total += loss.detach().double()
+    return total / len(losses)
 
 
 def metric_float(value: Any) -> float:

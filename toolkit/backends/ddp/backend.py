@@ -73,17 +73,17 @@ class DDPBackend(common.TorchCollectives, TorchData, Backend):
     def train_step(self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn | None) -> float:
         self.optimizer.zero_grad(set_to_none=True)
         count = len(micro_batches)
-        total = torch.zeros((), dtype=torch.float64)
+        losses = []
         for index, batch in enumerate(micro_batches):
             sync = nullcontext() if index == count - 1 else self.model.no_sync()
             with sync:
                 with common.autocast(self.spec):
                     loss = batches.micro_batch_loss(self.model, batch, loss_fn)
-                scaled = loss / count
+                scaled = batches.share_of_step(loss, count)
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
-            total += loss.detach().double()
+            losses.append(loss.detach())
         self._step()
-        return self.reported_loss(total / count)
+        return self.reported_loss(batches.mean_loss(losses))
 
     def _step(self) -> None:
         if self.scaler:

@@ -188,13 +188,13 @@ class DeepSpeedBackend(common.TorchCollectives, TorchData, Backend):
             # Already the global mean on every stage: train_batch reduces it over the
             # data-parallel ranks and broadcasts it from the last stage.
             return float(self.engine.train_batch(data_iter=iter(data)))
-        total = torch.zeros((), dtype=torch.float64)
+        losses = []
         for batch in micro_batches:
             loss = batches.micro_batch_loss(self.engine, batch, loss_fn, self.input_dtype)
             self.engine.backward(loss)
             self.engine.step()
-            total += loss.detach().double()
-        return self.reported_loss(total / len(micro_batches))
+            losses.append(loss.detach())
+        return self.reported_loss(batches.mean_loss(losses))
 
     def eval_sums(
         self, micro_batches: Sequence[MicroBatch], metric_fn: MetricFn, *, pairs: bool

@@ -82,12 +82,12 @@ class HorovodTorchBackend(TorchData, Backend):
     def train_step(self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn | None) -> float:
         self.optimizer.zero_grad()
         count = len(micro_batches)
-        total = torch.zeros((), dtype=torch.float64)
+        losses = []
         for batch in micro_batches:
             with common.autocast(self.spec):
                 loss = batches.micro_batch_loss(self.model, batch, loss_fn)
-            (loss / count).backward()
-            total += loss.detach().double()
+            batches.share_of_step(loss, count).backward()
+            losses.append(loss.detach())
         wait_quietly(pending_gradient_handles(self.optimizer))
         if self.spec.clip_grad_norm > 0:
             self.optimizer.synchronize()
@@ -98,7 +98,7 @@ class HorovodTorchBackend(TorchData, Backend):
             self.optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()
-        return self.reported_loss(total / count)
+        return self.reported_loss(batches.mean_loss(losses))
 
     def eval_sums(
         self, micro_batches: Sequence[MicroBatch], metric_fn: MetricFn, *, pairs: bool
