@@ -83,3 +83,26 @@ def test_evaluation_sums_in_eval_mode_without_gradients_and_restores_the_mode() 
     assert sums == {"count": 6.0, "positive": 4.0}
     assert seen == [(False, False), (False, False)]
     assert model.training
+
+
+def test_one_micro_batchs_share_and_mean_are_its_loss_to_the_bit() -> None:
+    """Skipping x / 1 and 0 + x changes nothing: the loss, its gradient and the mean reported
+    are the bits the division and the float64 running sum gave."""
+    weight = torch.tensor([0.1234567, -7.654321], requires_grad=True)
+    loss = (weight * torch.tensor([3.0, 1.0 / 3.0])).sum()
+    batches.share_of_step(loss, 1).backward(retain_graph=True)
+    skipped = weight.grad.clone()
+    weight.grad = None
+    (loss / 1).backward()
+    assert torch.equal(skipped, weight.grad)
+    assert batches.share_of_step(loss, 1) is loss
+    assert torch.equal(
+        batches.mean_loss([loss]),
+        (torch.zeros((), dtype=torch.float64) + loss.detach().double()) / 1,
+    )
+    losses = [torch.tensor(0.1), torch.tensor(0.2), torch.tensor(0.7)]
+    total = torch.zeros((), dtype=torch.float64)
+    for one in losses:
+        total += one.double()
+    assert torch.equal(batches.mean_loss(losses), total / 3)
+    assert torch.equal(batches.share_of_step(losses[2], 3), losses[2] / 3)
