@@ -97,7 +97,7 @@ def test_one_micro_batchs_share_and_mean_are_its_loss_to_the_bit() -> None:
     assert torch.equal(skipped, weight.grad)
     assert batches.share_of_step(loss, 1) is loss
     assert torch.equal(
-        batches.mean_loss([loss]),
+        batches.mean_loss([loss.detach()]),
         (torch.zeros((), dtype=torch.float64) + loss.detach().double()) / 1,
     )
     losses = [torch.tensor(0.1), torch.tensor(0.2), torch.tensor(0.7)]

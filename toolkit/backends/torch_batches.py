@@ -105,13 +105,13 @@ def share_of_step(loss: torch.Tensor, count: int) -> torch.Tensor:
 
 
 def mean_loss(losses: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The micro-batches' mean loss in float64, added in order; one micro-batch's loss as it is
-    (0 + x is x, and so is x / 1)."""
+    """The micro-batches' mean loss (detached losses) in float64, added in order; one
+    micro-batch's loss as it is (0 + x is x, and so is x / 1)."""
     if len(losses) == 1:
-        return losses[0].detach().double()
+        return losses[0].double()
     total = torch.zeros((), dtype=torch.float64)
     for loss in losses:
-        total += loss.detach().double()
+        total += loss.double()
     return total / len(losses)
 
 

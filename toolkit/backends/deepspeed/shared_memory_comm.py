@@ -83,7 +83,7 @@ class SharedMemoryComm(CommWrapper):
         group: Any = None,
         async_op: bool = False,
     ) -> Any:
-        if not _is_sum(op) or not self._every_rank(group) or tensor.is_cuda:
+        if not self._summable(tensor, op, group):
             return self.inner.all_reduce(tensor, op, group, async_op)
         self.transport.sum_(tensor)
         return _done(async_op)
@@ -96,7 +96,7 @@ class SharedMemoryComm(CommWrapper):
         group: Any = None,
         async_op: bool = False,
     ) -> Any:
-        if not _is_sum(op) or not self._every_rank(group) or tensor.is_cuda:
+        if not self._summable(tensor, op, group):
             return self.inner.reduce(tensor=tensor, dst=dst, op=op, group=group, async_op=async_op)
         self.transport.reduce_to_(tensor, dst)
         return _done(async_op)
@@ -148,6 +148,10 @@ class SharedMemoryComm(CommWrapper):
             and not whole.is_cuda
             and self._every_rank(group)
         )
+
+    def _summable(self, tensor: torch.Tensor, op: Any, group: Any) -> bool:
+        """A SUM of one CPU tensor over every rank: what the transport's sums take."""
+        return _is_sum(op) and self._every_rank(group) and not tensor.is_cuda
 
     def _every_rank(self, group: Any) -> bool:
         return group is None or dist.get_world_size(group) == self.transport.world_size
