@@ -15,6 +15,10 @@ Keras clipped / n: dividing by a power of two and summing n equal copies is exac
 Micro-batches of any structure are stacked leaf by leaf ([micro-batches, samples, ...]) and,
 under MirroredStrategy, each leaf is split along the samples axis between the replicas.
 
+Across processes every call that runs collectives (a step, a reduction) is held to
+`timeouts.collective_s` by one watchdog thread per rank (toolkit.backends.tf.deadline), not by
+TensorFlow's per-collective timeout, which starts a sleeping thread for every collective.
+
 Checkpoints hold the whole training state and resume exactly (toolkit.backends.tf.state,
 shared with Horovod for TF, whose checkpoints this backend continues and the other way round).
 """
@@ -23,8 +27,9 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from functools import cached_property
 from typing import Any
 
@@ -33,6 +38,7 @@ import numpy as np
 from toolkit.backends.base import Backend, Loader, LossFn, MetricFn, MicroBatch, StateShare
 from toolkit.backends.tf import batches, common, state
 from toolkit.backends.tf.data import make_tf_loader
+from toolkit.backends.tf.deadline import CallDeadline
 from toolkit.checkpoint import CheckpointState
 from toolkit.engines import MPI_ENVIRONMENTS
 from toolkit.errors import ToolkitError
@@ -46,6 +52,8 @@ class TFBackend(Backend):
     strategy: Any
     model: Any
     optimizer: Any
+    deadline: CallDeadline | None = None
+    """Across processes, the collective timeout's watchdog."""
 
     @property
     def replicas_per_process(self) -> int:
@@ -56,14 +64,19 @@ class TFBackend(Backend):
         common.configure_threads(self.spec, self.env)
         if self.env.world_size > 1:
             self._export_tf_config()
+            # No timeout_seconds: TensorFlow would start a thread per collective for it.
             options = tf.distribute.experimental.CommunicationOptions(
                 implementation=getattr(
                     tf.distribute.experimental.CommunicationImplementation,
                     render_tf.communication_options(self.spec)["implementation"],
                 ),
-                timeout_seconds=self.spec.timeouts.collective_s,
             )
             self.strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+            self.deadline = CallDeadline(
+                self.spec.timeouts.collective_s,
+                f"rank {self.env.rank} on {socket.gethostname()}",
+                _abort_collectives,
+            )
         elif self.replicas_per_process > 1:
             self._split_cpu(self.replicas_per_process)
             devices = [d.name for d in tf.config.list_logical_devices("CPU")]
@@ -175,9 +188,14 @@ class TFBackend(Backend):
 
         return self.strategy.experimental_distribute_values_from_function(piece)
 
+    def _bounded(self, what: str) -> AbstractContextManager[None]:
+        """The collective timeout around a call that runs collectives across processes."""
+        return nullcontext() if self.deadline is None else self.deadline.bounded(what)
+
     def train_step(self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn | None) -> float:
         stacked = batches.stack_micro_batches(micro_batches)
-        return float(self._compiled_step(loss_fn)(self._distribute(stacked)))
+        with self._bounded("a training step"):
+            return float(self._compiled_step(loss_fn)(self._distribute(stacked)))
 
     @cached_property
     def _evaluator(self) -> batches.Evaluator:
@@ -208,7 +226,8 @@ class TFBackend(Backend):
         tensor = tf.convert_to_tensor(value)
         if self.env.world_size == 1:
             return tensor
-        return self._reduction(op)(tensor)
+        with self._bounded(f"an all-reduce ({op})"):
+            return self._reduction(op)(tensor)
 
     def _reduction(self, op: str) -> Callable[[Any], Any]:
         """The cross-worker reduction for `op`, compiled once and kept.
@@ -238,3 +257,16 @@ class TFBackend(Backend):
     def barrier(self) -> None:
         if self.env.world_size > 1:
             self.allreduce(0.0, op="sum")
+
+    def shutdown(self) -> None:
+        if self.deadline is not None:
+            self.deadline.close()
+
+
+def _abort_collectives(message: str) -> None:
+    """Fail this process's running and later collectives with `message`, as the strategy's own
+    peer health check does when a peer is unreachable (a private TensorFlow API: there is no
+    public one)."""
+    from tensorflow.python.eager import context
+
+    context.context().abort_collective_ops(tf.errors.DEADLINE_EXCEEDED, message)

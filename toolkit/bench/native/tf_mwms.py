@@ -8,6 +8,8 @@ with `tf.nn.compute_average_loss` over the global batch and reduces the loss wit
 
 `--torch-optimizer` swaps in the toolkit's torch-semantics SGD (a candidate cost, not native).
 `--inter-op N` sizes the inter-op thread pool apart from `--threads` (a candidate setting).
+`--collective-timeout S` passes TF's per-collective timeout, which the tutorial leaves out: TF
+then starts a thread for every collective that sleeps S seconds (a candidate cost).
 """
 
 from __future__ import annotations
@@ -25,16 +27,16 @@ def main() -> None:
     p.add_argument("--communication", default=None, help="RING, NCCL or AUTO; unset = TF's")
     p.add_argument("--torch-optimizer", action="store_true")
     p.add_argument("--inter-op", type=int, default=None, help="inter-op threads; unset = --threads")
+    p.add_argument("--collective-timeout", type=float, default=None, help="seconds; unset = TF's")
     args = _bench.parse(p)
     if args.threads:
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
         tf.config.threading.set_inter_op_parallelism_threads(args.inter_op or args.threads)
-    options = tf.distribute.experimental.CommunicationOptions()
+    chosen: dict[str, Any] = {"timeout_seconds": args.collective_timeout}
     if args.communication:
         implementation = tf.distribute.experimental.CommunicationImplementation
-        options = tf.distribute.experimental.CommunicationOptions(
-            implementation=getattr(implementation, args.communication)
-        )
+        chosen["implementation"] = getattr(implementation, args.communication)
+    options = tf.distribute.experimental.CommunicationOptions(**chosen)
     strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     world = strategy.num_replicas_in_sync
     rank = strategy.cluster_resolver.task_id
