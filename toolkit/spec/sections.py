@@ -40,6 +40,7 @@ OffloadDevice = Literal["none", "cpu", "nvme"]
 HorovodCompression = Literal["none", "fp16"]
 HorovodOp = Literal["average", "sum", "adasum"]
 TfCommunication = Literal["ring", "nccl", "auto"]
+TfInstanceKeys = Literal["unique", "per_trace"]
 MultinodeLauncher = Literal["pdsh", "openmpi", "mvapich", "slurm"]
 
 PathText = Annotated[str, Text("a path", "write a non-empty path on one line")]
@@ -454,6 +455,17 @@ class TfSpec(Section):
     communication: TfCommunication = Field(
         default="ring",
         description="Collective implementation: ring (gRPC, works on CPU), nccl or auto.",
+    )
+    instance_keys: TfInstanceKeys = Field(
+        default="unique",
+        description="MultiWorker's collective instance keys. unique (TensorFlow's default): a "
+        "new key for every collective call, which each worker resolves with its peers and "
+        "keeps for the rest of the job (TensorFlow's own growth, about 4 KB a step of 2 "
+        "collectives, native MultiWorker scripts alike). per_trace: one key per collective of "
+        "each traced step, resolved once: no growth, and on a small model 0.7 of the step "
+        "time; every worker must then trace its steps at the same points (the same shapes on "
+        "every rank), or their collectives do not meet and the job ends at "
+        "timeouts.collective_s. Changes no value.",
     )
     port: int = Field(
         default=12345,
