@@ -23,7 +23,8 @@ Each collective call gets a new instance key, as TensorFlow prefers, unless `tf.
 per_trace` (`_choose_instance_keys`): TensorFlow resolves every new key with the peers and
 keeps its record, so a worker's memory grows with every step (about 4 KB a step of 2
 collectives on a small model, 15 MiB in 4,000 steps, the same in a native script; TensorFlow
-issue 42616 reports it) and each step pays the resolution (0.7 of the step time without it on that model).
+issue 42616 reports it) and each step pays the resolution (that model stepped in 0.7 of the
+time without it).
 
 Checkpoints hold the whole training state and resume exactly (toolkit.backends.tf.state,
 shared with Horovod for TF, whose checkpoints this backend continues and the other way round).
