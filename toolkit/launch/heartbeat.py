@@ -6,7 +6,8 @@ rank, from `toolkit.init`, starts a daemon thread that sends a datagram (rank, p
 `INTERVAL` seconds. A rank that is stopped (SIGSTOP), frozen or hung in its interpreter's exit
 stops beating; the supervisor ends the job when a rank that has beaten is silent for longer
 than the stall timeout. A rank that waits in a collective keeps beating (its thread runs):
-the engines' own collective timeout ends that case. A rank whose interpreter holds the GIL in
+the collective timeout ends that case (the engines' own; under TF MultiWorker a watchdog of the
+toolkit's, toolkit.backends.tf.deadline). A rank whose interpreter holds the GIL in
 one C call for longer than the stall timeout would look stalled too, hence a default (60 s)
 far above any such call in training.
 
