@@ -99,7 +99,8 @@ class TimeoutsSpec(Section):
         gt=0,
         le=86_400,
         description="Seconds any collective (and the start-up rendezvous) waits for its peers "
-        "before failing; reaches every engine's process groups.",
+        "before failing; reaches every engine's process groups. Under TF MultiWorker it bounds "
+        "each step or reduction as a whole, its compute included.",
     )
     stall_s: float = Field(
         default=60.0,
