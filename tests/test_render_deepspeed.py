@@ -169,6 +169,35 @@ def test_reduce_bucket_stays_on_the_heap_that_malloc_keep_keeps() -> None:
     assert bucket * 4 < malloc.MMAP_THRESHOLD_BYTES
 
 
+@pytest.mark.parametrize(
+    ("extra", "computed"),
+    [
+        ({"zero": {"stage": 1}}, False),
+        ({"zero": {"stage": 2}}, False),
+        ({"zero": {"stage": 2}, "clip_grad_norm": 1.0}, True),
+        ({"zero": {"stage": 2, "offload_optimizer": "cpu"}}, True),
+        ({"zero": {"stage": 0}}, True),
+        ({"zero": {"stage": 3}}, True),
+        ({"zero": {"stage": 2, "compute_grad_norm": True}}, True),
+        (
+            {"zero": {"stage": 1}, "precision": "bf16", "deepspeed": {"grad_accum_dtype": "fp32"}},
+            True,
+        ),
+        (
+            {"zero": {"stage": 2}, "precision": "bf16", "deepspeed": {"grad_accum_dtype": "fp32"}},
+            False,
+        ),
+    ],
+)
+def test_the_gradient_norm_is_skipped_wherever_deepspeed_can(
+    extra: dict[str, Any], computed: bool
+) -> None:
+    """Written out either way, and DeepSpeed's own config accepts it."""
+    config, parsed = validated(spec_of(extra), 2)
+    assert config["zero_optimization"]["compute_grad_norm"] is computed
+    assert parsed.zero_config.compute_grad_norm is computed
+
+
 def test_cpu_offload_uses_deepspeed_cpu_adam() -> None:
     spec = spec_of({"zero": {"stage": 2, "offload_optimizer": "cpu"}})
     config = deepspeed_config(spec, 2)

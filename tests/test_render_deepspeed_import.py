@@ -66,8 +66,12 @@ def test_round_trip_keeps_every_modeled_setting(spec: TrainSpec) -> None:
     assert deepspeed_config(again) == config
     assert again.world_size == spec.world_size
     assert again.batch_for() == spec.batch_for()
-    for section in ("optimizer", "zero", "pipeline"):
+    for section in ("optimizer", "pipeline"):
         assert getattr(again, section) == getattr(spec, section), section
+    # The config holds the norm's resolved value, which the import writes out explicitly.
+    assert again.computes_grad_norm == spec.computes_grad_norm
+    unresolved = again.zero.model_copy(update={"compute_grad_norm": spec.zero.compute_grad_norm})
+    assert unresolved == spec.zero
     assert (again.precision, again.clip_grad_norm, again.log_every_steps) == (
         spec.precision,
         spec.clip_grad_norm,
@@ -110,6 +114,36 @@ def test_a_configs_own_multi_rank_bucket_allreduce_is_kept_without_a_note() -> N
     refused = {**config, "zero_optimization": {"use_multi_rank_bucket_allreduce": "yes"}}
     with pytest.raises(ToolkitError, match=r"zero_optimization\.use_multi_rank_bucket_allreduce"):
         spec_from_deepspeed(refused, world_size=2)
+
+
+def test_a_missing_compute_grad_norm_is_deepspeeds_true_at_stages_1_and_2() -> None:
+    base = {"train_micro_batch_size_per_gpu": 8, "gradient_clipping": 0.0}
+    for stage in (1, 2):
+        imported = spec_from_deepspeed(
+            {**base, "zero_optimization": {"stage": stage}}, world_size=2
+        )
+        assert imported.spec.zero.compute_grad_norm is True
+        assert imported.spec.computes_grad_norm is True
+        assert any("compute_grad_norm is missing" in note for note in imported.warnings)
+    # Stages 0 and 3 always compute it, and the spec's null says so without a note.
+    imported = spec_from_deepspeed({**base, "zero_optimization": {"stage": 3}}, world_size=2)
+    assert imported.spec.zero.compute_grad_norm is None
+    assert imported.spec.computes_grad_norm is True
+    assert not any("compute_grad_norm" in note for note in imported.warnings)
+
+
+def test_a_configs_own_compute_grad_norm_is_kept_and_checked() -> None:
+    config = {
+        "train_micro_batch_size_per_gpu": 8,
+        "gradient_clipping": 0.0,
+        "zero_optimization": {"stage": 2, "compute_grad_norm": False},
+    }
+    imported = spec_from_deepspeed(config, world_size=2)
+    assert imported.spec.zero.compute_grad_norm is False
+    assert not any("compute_grad_norm" in note for note in imported.warnings)
+    clipped = {**config, "gradient_clipping": 1.0}
+    with pytest.raises(ToolkitError, match=r"zero_optimization\.compute_grad_norm"):
+        spec_from_deepspeed(clipped, world_size=2)
 
 
 UNMODELLED = {

@@ -222,6 +222,32 @@ def test_unknown_keys_get_a_did_you_mean() -> None:
             },
             "zero.stage",
         ),
+        ({"backend": "deepspeed", "zero": {"compute_grad_norm": False}}, "zero.compute_grad_norm"),
+        (
+            {
+                "backend": "deepspeed",
+                "clip_grad_norm": 1.0,
+                "zero": {"stage": 2, "compute_grad_norm": False},
+            },
+            "zero.compute_grad_norm",
+        ),
+        (
+            {
+                "backend": "deepspeed",
+                "optimizer": {"name": "adam"},
+                "zero": {"stage": 2, "offload_optimizer": "cpu", "compute_grad_norm": False},
+            },
+            "zero.compute_grad_norm",
+        ),
+        (
+            {
+                "backend": "deepspeed",
+                "precision": "bf16",
+                "zero": {"stage": 1, "compute_grad_norm": False},
+                "deepspeed": {"grad_accum_dtype": "fp32"},
+            },
+            "zero.compute_grad_norm",
+        ),
         ({"launch": {"launcher": "torchrun", "hosts": ["a:2", "b:1"]}}, "launch.hosts"),
         ({"launch": {"launcher": "torchrun", "np": 3, "hosts": ["a:2"]}}, "launch.np"),
         ({"launch": {"hostfile": "missing-hostfile"}}, "launch.hostfile"),

@@ -28,6 +28,12 @@ sub-models in tests/test_render_deepspeed.py. Findings that shape it:
   and written. `gradient_allreduce_op` "mean", `prescale_gradients` false,
   `gradient_predivide_factor` 1.0, `communication_data_type` and `data_types.grad_accum_dtype`
   (both default to the model dtype) are written so gradient averaging is explicit.
+- ZeRO-1/2 compute the global gradient norm at every step, clipping or not (an all-reduce
+  and a pass over the gradients), and in fp32 skip a step whose norm is inf or NaN, which no
+  other engine does (ZeRO-0 and 3 included: only their fp16 checks for overflow). Without the
+  norm (`compute_grad_norm: false`, 0.19.8, stages 1-2, no clipping, no optimizer offload)
+  they apply such a step as DDP does, and `engine.get_global_grad_norm()` returns None.
+  `zero.compute_grad_norm` null resolves to false wherever DeepSpeed allows it.
 - `DeepSpeedConfig` only reads the data-parallel size from `mpu` once `deepspeed.comm` is
   initialised; otherwise it silently assumes a world of 1 (tests patch `dist.get_rank`).
 - The pipeline engine rejects ZeRO stages 2 and 3; its batch triple counts data-parallel ranks
@@ -105,6 +111,7 @@ def zero_section(spec: TrainSpec) -> dict[str, Any]:
         "reduce_scatter": True,
         "reduce_bucket_size": zero.reduce_bucket_size,
         "use_multi_rank_bucket_allreduce": zero.multi_rank_bucket_allreduce,
+        "compute_grad_norm": spec.computes_grad_norm,
         "allgather_partitions": True,
         "allgather_bucket_size": zero.allgather_bucket_size,
         "round_robin_gradients": False,

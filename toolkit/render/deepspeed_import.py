@@ -16,8 +16,8 @@ Errors name DeepSpeed's keys as written in the config (`zero_optimization.stage`
 the spec refuses an imported value: `_Build` remembers which config key each spec field came
 from. Defaults are DeepSpeed's own (a missing gradient_clipping clips at 1.0; type Adam without
 adam_w_mode runs AdamW; a missing reduce_bucket_size is 5e8 elements, where the spec's default
-is smaller; a missing use_multi_rank_bucket_allreduce is true, where the spec's default is
-false), written out explicitly and noted.
+is smaller; a missing use_multi_rank_bucket_allreduce or compute_grad_norm is true, where the
+spec's default is false), written out explicitly and noted.
 
 Whatever the config holds (it is a user's file), the importer ends in a ToolkitError or a spec:
 values are shown through the spec's bounded `show_value`, and whole-number floats (JSON's 5e8)
@@ -260,6 +260,7 @@ def _zero(ds: ConfigReader, out: _Build) -> None:
             "keeps ZeRO-1/2's per-step bucket off fresh pages on a CPU)"
         )
     _multi_rank_bucket_allreduce(zero, out)
+    _compute_grad_norm(zero, stage, out)
     if zero_data.get("overlap_comm") == (stage == 3):
         del zero_data["overlap_comm"]  # DeepSpeed's own rule, which the spec's default keeps
     zero.expect("reduce_scatter", True)
@@ -269,6 +270,22 @@ def _zero(ds: ConfigReader, out: _Build) -> None:
 
 
 MULTI_RANK = "use_multi_rank_bucket_allreduce"
+GRAD_NORM = "compute_grad_norm"
+
+
+def _compute_grad_norm(zero: ConfigReader, stage: Any, out: _Build) -> None:
+    """DeepSpeed's `compute_grad_norm` as the config has it, and DeepSpeed's default (true)
+    where it leaves the key out at stage 1 or 2: the spec's default skips the norm wherever
+    DeepSpeed can. Other stages always compute it (the spec's null says so too)."""
+    if zero.has(GRAD_NORM):
+        out.put(f"zero.{GRAD_NORM}", zero.at(GRAD_NORM), zero.get(GRAD_NORM))
+    elif stage in (1, 2):
+        out.put(f"zero.{GRAD_NORM}", zero.at(GRAD_NORM), True)
+        zero.out.note(
+            f"zero_optimization.{GRAD_NORM} is missing: DeepSpeed's default is true; wrote true "
+            "(the toolkit's own default skips the norm wherever DeepSpeed can; with it, an fp32 "
+            "ZeRO-1/2 step with inf or NaN gradients is skipped)"
+        )
 
 
 def _multi_rank_bucket_allreduce(zero: ConfigReader, out: _Build) -> None:

@@ -102,6 +102,7 @@ class TrainSpec(Section):
     )
     deepspeed: DeepSpeedSpec = Field(
         default_factory=DeepSpeedSpec,
+        validate_default=True,
         description="DeepSpeed-only settings, named as in ds_config.json.",
     )
     launch: LaunchSpec = Field(
@@ -172,6 +173,13 @@ class TrainSpec(Section):
             stages = data["pipeline"].stages
             _raise(allreduce_issues(section, data["backend"], stages))
             _raise(send_recv_issues(section, data["backend"], stages))
+        if _have(info, "zero", "clip_grad_norm", "precision"):
+            accumulate = section.grad_accum_dtype
+            _raise(
+                rules.grad_norm_issues(
+                    data["zero"], data["clip_grad_norm"], data["precision"], accumulate
+                )
+            )
         return section
 
     @field_validator("zero")
@@ -271,6 +279,18 @@ class TrainSpec(Section):
         if self.launch.master_addr:
             return self.launch.master_addr
         return self.hosts[0].name if self.hosts else "127.0.0.1"
+
+    @property
+    def computes_grad_norm(self) -> bool:
+        """DeepSpeed's `zero_optimization.compute_grad_norm`: zero.compute_grad_norm, else
+        false wherever DeepSpeed can skip the norm (`rules.grad_norm_obstacle`)."""
+        if self.zero.compute_grad_norm is not None:
+            return self.zero.compute_grad_norm
+        accumulate = self.deepspeed.grad_accum_dtype
+        obstacle = rules.grad_norm_obstacle(
+            self.zero, self.clip_grad_norm, self.precision, accumulate
+        )
+        return obstacle is not None
 
     def replicas_per_process(self, world_size: int | None = None) -> int:
         """Data-parallel replicas inside one process: tf.local_devices for a one-process

@@ -115,6 +115,38 @@ def zero_issues(zero: ZeroSpec, backend: str) -> Iterator[SpecIssue]:
         )
 
 
+def grad_norm_obstacle(
+    zero: ZeroSpec, clip_grad_norm: float, precision: str, grad_accum_dtype: str | None
+) -> str | None:
+    """Why DeepSpeed 0.19.8 must compute the global gradient norm for this job (it refuses
+    `compute_grad_norm: false` then), or None where it may skip it."""
+    if zero.stage not in (1, 2):
+        return f"only ZeRO stages 1 and 2 can skip it (zero.stage is {zero.stage})"
+    if clip_grad_norm > 0:
+        return f"clipping needs it (clip_grad_norm is {clip_grad_norm:g})"
+    if zero.offload_optimizer != "none":
+        return f"optimizer offload needs it (zero.offload_optimizer is {zero.offload_optimizer})"
+    if zero.stage == 1 and precision == "bf16" and grad_accum_dtype == "fp32":
+        return "DeepSpeed's bf16 ZeRO-1 optimizer with fp32 gradient accumulation needs it"
+    return None
+
+
+def grad_norm_issues(
+    zero: ZeroSpec, clip_grad_norm: float, precision: str, grad_accum_dtype: str | None
+) -> Iterator[SpecIssue]:
+    """`zero.compute_grad_norm: false` where DeepSpeed needs the norm."""
+    if zero.compute_grad_norm is not False:
+        return
+    obstacle = grad_norm_obstacle(zero, clip_grad_norm, precision, grad_accum_dtype)
+    if obstacle:
+        yield _issue(
+            "zero.compute_grad_norm",
+            False,
+            f"false only where DeepSpeed can skip the norm: {obstacle}",
+            "remove zero.compute_grad_norm (null picks false wherever it can)",
+        )
+
+
 def offload_issues(zero: ZeroSpec, optimizer: OptimizerSpec) -> Iterator[SpecIssue]:
     if zero.offload_optimizer != "none" and optimizer.name == "sgd":
         yield _issue(

@@ -224,6 +224,15 @@ class ZeroSpec(Section):
         "the owner's sum is the same, and a reduce moves each gradient once where the "
         "all-reduce also copies every sum back to every rank.",
     )
+    compute_grad_norm: bool | None = Field(
+        default=None,
+        description="Stages 1-2: compute the global gradient norm at every step (DeepSpeed's "
+        "default, true). Only clipping needs it; false saves its pass over the gradients and its "
+        "all-reduce. It also decides what an fp32 step with inf or NaN gradients does: with the "
+        "norm, ZeRO-1/2 skip that step; without it they apply it, as DDP, Horovod, TensorFlow and "
+        "ZeRO-0/3 do. null = false wherever DeepSpeed allows it (stage 1 or 2, clip_grad_norm 0, "
+        "no optimizer offload, not bf16 ZeRO-1 with fp32 gradient accumulation), else true.",
+    )
     allgather_bucket_size: int = Field(
         default=500_000_000, ge=1, description="Elements all-gathered at a time (stages 1-2)."
     )
