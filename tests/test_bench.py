@@ -620,10 +620,11 @@ def test_the_horovod_own_wait_patch_skips_the_toolkits_wait_and_puts_it_back() -
 
 class DeepSpeedZeroOptimizer:
     """Named as DeepSpeed's ZeRO-1/2 optimizer, which the deepspeed-bucket patch resizes and
-    the deepspeed-multi-rank-allreduce patch switches."""
+    the deepspeed-multi-rank-allreduce and deepspeed-grad-norm patches switch."""
 
     reduce_bucket_size = 1 << 22
     use_multi_rank_bucket_allreduce = False
+    compute_grad_norm = False
 
 
 def _deepspeed_run(optimizer: object) -> object:
@@ -649,7 +650,18 @@ def test_the_multi_rank_allreduce_patch_sets_deepspeeds_default_and_puts_the_spe
     assert optimizer.use_multi_rank_bucket_allreduce is False
 
 
-@pytest.mark.parametrize("patch", ["deepspeed-bucket", "deepspeed-multi-rank-allreduce"])
+def test_the_grad_norm_patch_sets_deepspeeds_default_and_puts_the_specs_back() -> None:
+    from toolkit.bench import patches
+
+    optimizer = DeepSpeedZeroOptimizer()
+    with patches.applied(_deepspeed_run(optimizer), "deepspeed-grad-norm"):
+        assert optimizer.compute_grad_norm is True
+    assert optimizer.compute_grad_norm is False
+
+
+@pytest.mark.parametrize(
+    "patch", ["deepspeed-bucket", "deepspeed-multi-rank-allreduce", "deepspeed-grad-norm"]
+)
 def test_the_zero_1_2_patches_refuse_the_other_stages(patch: str) -> None:
     from toolkit.bench import patches
 

@@ -18,6 +18,8 @@ the in-process bench gives each variant a loss function of its own, so each is c
 - `deepspeed-multi-rank-allreduce`: ZeRO-1/2's step all-reducing every rank's gradient
   partitions together, DeepSpeed's default, in place of reducing each to its owner
   (`zero.multi_rank_bucket_allreduce: false`, the spec's default).
+- `deepspeed-grad-norm`: ZeRO-1/2's step computing the global gradient norm, DeepSpeed's
+  default, where the spec's null skips it (`zero.compute_grad_norm`).
 
 Candidates measured here and since built in: the TF engines' gradient sum started from the first
 micro-batch's gradient (toolkit.backends.tf.common), Horovod TF's per-tensor allreduce
@@ -120,6 +122,20 @@ def deepspeed_multi_rank_allreduce(run: Any) -> Iterator[None]:
         optimizer.use_multi_rank_bucket_allreduce = chosen
 
 
+@contextmanager
+def deepspeed_grad_norm(run: Any) -> Iterator[None]:
+    """DeepSpeed's ZeRO-1/2 step computing the global gradient norm (its default): the
+    optimizer reads `compute_grad_norm` at every `step`, so setting it around a step sets that
+    step's. Without clipping the norm changes no finite step."""
+    optimizer = _zero_1_2_optimizer(run, "deepspeed-grad-norm")
+    chosen = optimizer.compute_grad_norm
+    optimizer.compute_grad_norm = True
+    try:
+        yield
+    finally:
+        optimizer.compute_grad_norm = chosen
+
+
 def _zero_1_2_optimizer(run: Any, patch: str) -> Any:
     """The engine's ZeRO-1/2 optimizer; refused at other stages, which have neither setting."""
     optimizer = run.backend.engine.optimizer
@@ -137,6 +153,7 @@ PATCHES: dict[str, Callable[[Any], AbstractContextManager[None]]] = {
     "horovod-own-wait": horovod_own_wait,
     "deepspeed-bucket": deepspeed_bucket,
     "deepspeed-multi-rank-allreduce": deepspeed_multi_rank_allreduce,
+    "deepspeed-grad-norm": deepspeed_grad_norm,
 }
 
 
