@@ -83,6 +83,11 @@ def test_bench_allreduce_tiny(tmp_path: Path, no_orphans: None) -> None:
         assert series["sizes"] == [4096, 16384]
         assert all(math.isfinite(bw) and bw > 0 for bw in series["busbw_gbs"]), series
     assert set(data["toolkit_over_raw_busbw"]["toolkit ddp (gloo)"]) == {"4096", "16384"}
+    spread = data["toolkit_over_raw_spread"]["toolkit ddp (gloo)"]["4096"]
+    assert (
+        spread["n"] == 1
+        and spread["median"] == data["toolkit_over_raw_busbw"]["toolkit ddp (gloo)"]["4096"]
+    )
     assert (out / "allreduce.png").read_bytes()[:8] == PNG_SIGNATURE
 
 

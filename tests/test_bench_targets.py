@@ -103,6 +103,38 @@ def test_the_allreduce_compares_the_toolkits_in_place_path_where_there_is_one() 
     assert rows["toolkit horovod (MPI), in place"].verdict == targets.NOT_RUN
 
 
+def test_the_allreduce_is_judged_with_its_interval_where_the_run_kept_one() -> None:
+    size = str(64 * MIB)
+
+    def spread(median: float, low: float, high: float) -> dict[str, Any]:
+        return {"median": median, "low": low, "high": high, "ci_low": low, "ci_high": high, "n": 9}
+
+    data = {
+        "toolkit_over_raw_busbw": {},
+        "toolkit_over_raw_spread": {
+            "toolkit ddp (gloo), in place": {size: spread(1.001, 0.985, 1.02)},
+            "toolkit horovod (MPI), in place": {size: spread(0.99, 0.95, 1.03)},
+            "toolkit tf (ring)": {size: spread(0.97, 0.96, 0.99)},
+        },
+    }
+    rows = {row.subject: row for row in targets.allreduce_rows(data, "allreduce.json")}
+    assert rows["toolkit ddp (gloo), in place"].verdict == targets.MET
+    assert rows["toolkit ddp (gloo), in place"].figure == "1.001 [0.985, 1.020]"
+    assert rows["toolkit horovod (MPI), in place"].verdict == targets.MEDIAN_ONLY
+    assert rows["toolkit tf (ring)"].verdict == targets.MISSED
+    assert rows["toolkit horovod (Gloo), in place"].verdict == targets.NOT_RUN
+
+
+def test_the_allreduce_ratio_pairs_the_blocks_that_ran_next_to_each_other() -> None:
+    from toolkit.bench.allreduce import paired_ratio
+
+    # The toolkit's second block ran while the machine was busy, and so did the raw one next to
+    # it: their ratio is 1 like the others, where the ratio of medians would read 0.75.
+    spread = paired_ratio([1.0, 4.0, 1.0], [1.0, 4.0, 1.0])
+    assert (spread.median, spread.low, spread.high, spread.n) == (1.0, 1.0, 1.0, 3)
+    assert paired_ratio([2.0, 2.0], [1.0, 4.0]).median == 1.25  # (2/1 + 2/4) / 2
+
+
 def test_the_bubble_is_read_for_the_toolkits_own_hand_offs() -> None:
     def case(send_recv: str, measured: float) -> dict[str, Any]:
         return {

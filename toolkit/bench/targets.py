@@ -15,9 +15,10 @@ median):
   tell the two apart;
 - missed: the median is on the wrong side.
 
-A figure without an interval (one census of memory, a bubble's median over steps, an
-allreduce's ratio of block medians) is met or missed. None of this is asserted in a test: the
-machine's speed is read, never enforced.
+An allreduce's ratio is the median of its blocks' ratios with a bootstrap interval (before
+2026-11-29 the ratio of the median blocks, without one). A figure without an interval (one
+census of memory, a bubble's median over steps) is met or missed. None of this is asserted in
+a test: the machine's speed is read, never enforced.
 """
 
 from __future__ import annotations
@@ -73,6 +74,15 @@ def verdict_at_least(value: float, bound: float) -> str:
     if not math.isfinite(value):
         return NOT_RUN
     return MET if value >= bound else MISSED
+
+
+def verdict_at_least_spread(spread: dict[str, Any], bound: float) -> str:
+    """A ratio that should be at least `bound`, judged with its interval."""
+    if not math.isfinite(spread["median"]):
+        return NOT_RUN
+    if spread["median"] < bound:
+        return MISSED
+    return MET if spread["ci_low"] >= bound else MEDIAN_ONLY
 
 
 def verdict_within(value: float, centre: float, tolerance: float) -> str:
@@ -155,8 +165,14 @@ def allreduce_rows(data: dict[str, Any], source: str) -> Iterator[Row]:
     """Each launcher's toolkit path that matches its raw call: in place where it has one."""
     target = f"toolkit / raw allreduce busbw at {ALLREDUCE_SIZE // MIB} MiB ≥ {ALLREDUCE_BOUND}"
     ratios = data["toolkit_over_raw_busbw"]
+    spreads = data.get("toolkit_over_raw_spread", {})  # since 2026-11-29
     for sweep in SWEEPS:
         label = sweep.series.get("toolkit-inplace") or sweep.series["toolkit"]
+        spread = spreads.get(label, {}).get(str(ALLREDUCE_SIZE))
+        if spread:
+            verdict = verdict_at_least_spread(spread, ALLREDUCE_BOUND)
+            yield Row(target, label, spread_text(spread), verdict, source)
+            continue
         value = ratios.get(label, {}).get(str(ALLREDUCE_SIZE), math.nan)
         yield Row(target, label, f"{value:.3f}", verdict_at_least(value, ALLREDUCE_BOUND), source)
 

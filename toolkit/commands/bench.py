@@ -152,7 +152,12 @@ def register(subparsers: Any) -> None:
         help="message sizes, e.g. 4K 1M 64M (default 4K..64M by 4x; --full: to 256M)",
     )
     sweep.add_argument("--full", action="store_true", help="4 KiB .. 256 MiB")
-    sweep.add_argument("--blocks", type=_positive, default=3, help="timed blocks per size")
+    sweep.add_argument(
+        "--blocks",
+        type=_positive,
+        default=9,
+        help="timed blocks per size and path; toolkit / raw is the median of the blocks' ratios",
+    )
     sweep.add_argument(
         "--sweeps", nargs="*", default=[], metavar="PATTERN", help="only these launches"
     )

@@ -7,8 +7,10 @@ processes) and a single-core memcpy, interleaved.
 
 Per size and path: `--blocks` blocks, each a barrier then `iterations` back-to-back operations
 (enough that a block moves ~`--block-bytes`), timed on rank 0; the figure is the median block's
-seconds per operation. Block order rotates between paths so none always runs first. memcpy runs
-on every rank at once (each on its own core), as the allreduce does.
+seconds per operation, and every block's is kept too: blocks of different paths with the same
+index ran next to each other, so their ratios are the side-by-side repetitions
+(toolkit.bench.allreduce). Block order rotates between paths so none always runs first. memcpy
+runs on every rank at once (each on its own core), as the allreduce does.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--spec", required=True)
     parser.add_argument("--paths", required=True, help="comma-separated raw_paths.PATHS names")
     parser.add_argument("--sizes", required=True, help="comma-separated message sizes in bytes")
-    parser.add_argument("--blocks", type=int, default=3)
+    parser.add_argument("--blocks", type=int, default=9)
     parser.add_argument("--block-bytes", type=int, default=64 << 20)
     parser.add_argument("--max-iterations", type=int, default=50)
     parser.add_argument("--out", required=True)
@@ -59,6 +61,7 @@ def main() -> int:
     makers = {name: raw_paths.PATHS[name](run) for name in names}
     sizes = [int(size) for size in args.sizes.split(",")]
     seconds: dict[str, dict[str, float]] = {name: {} for name in [*names, "memcpy"]}
+    every_block: dict[str, dict[str, list[float]]] = {name: {} for name in seconds}
     for size in sizes:
         elements = max(1, size // 4)
         operations = {name: make(elements) for name, make in makers.items()}
@@ -74,9 +77,15 @@ def main() -> int:
                 blocks[name].append(time_block(operations[name], count, run.barrier))
         for name, measured in blocks.items():
             seconds[name][str(size)] = float(np.median(measured))
+            every_block[name][str(size)] = measured
         del operations
     if run.is_main:
-        record = {"world": run.world_size, "seconds": seconds, "paths": names}
+        record = {
+            "world": run.world_size,
+            "seconds": seconds,
+            "blocks": every_block,
+            "paths": names,
+        }
         _bench.write_record(args.out, record)
     run.shutdown()
     return 0
