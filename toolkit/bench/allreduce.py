@@ -137,8 +137,8 @@ def run_sweeps(
     work: Path,
     sizes: list[int],
     *,
+    blocks: int,
     ranks: int = 2,
-    blocks: int = 9,
     sweeps: tuple[Sweep, ...] = SWEEPS,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:

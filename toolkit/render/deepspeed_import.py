@@ -274,30 +274,50 @@ GRAD_NORM = "compute_grad_norm"
 
 
 def _compute_grad_norm(zero: ConfigReader, stage: Any, out: _Build) -> None:
-    """DeepSpeed's `compute_grad_norm` as the config has it, and DeepSpeed's default (true)
-    where it leaves the key out at stage 1 or 2: the spec's default skips the norm wherever
-    DeepSpeed can. Other stages always compute it (the spec's null says so too)."""
-    if zero.has(GRAD_NORM):
-        out.put(f"zero.{GRAD_NORM}", zero.at(GRAD_NORM), zero.get(GRAD_NORM))
-    elif stage in (1, 2):
-        out.put(f"zero.{GRAD_NORM}", zero.at(GRAD_NORM), True)
-        zero.out.note(
-            f"zero_optimization.{GRAD_NORM} is missing: DeepSpeed's default is true; wrote true "
-            "(the toolkit's own default skips the norm wherever DeepSpeed can; with it, an fp32 "
-            "ZeRO-1/2 step with inf or NaN gradients is skipped)"
-        )
+    """The spec's default skips the norm wherever DeepSpeed can (stage 1 or 2); other stages
+    always compute it, as the spec's null says too."""
+    _true_unless_set(
+        zero,
+        GRAD_NORM,
+        out,
+        field=GRAD_NORM,
+        why_not_ours="the toolkit's own default skips the norm wherever DeepSpeed can; with it, "
+        "an fp32 ZeRO-1/2 step with inf or NaN gradients is skipped",
+        applies=stage in (1, 2),
+    )
 
 
 def _multi_rank_bucket_allreduce(zero: ConfigReader, out: _Build) -> None:
-    """DeepSpeed's `use_multi_rank_bucket_allreduce` as the config has it, and DeepSpeed's
-    default (true) where it leaves the key out: the spec's default reduces each partition to
-    its owner instead."""
-    out.put("zero.multi_rank_bucket_allreduce", zero.at(MULTI_RANK), zero.get(MULTI_RANK, True))
-    if not zero.has(MULTI_RANK):
+    """The spec's default reduces each gradient partition to its owner instead."""
+    _true_unless_set(
+        zero,
+        MULTI_RANK,
+        out,
+        field="multi_rank_bucket_allreduce",
+        why_not_ours="the toolkit's own default, false, reduces each gradient partition to its "
+        "owner, moving each gradient once",
+    )
+
+
+def _true_unless_set(
+    zero: ConfigReader,
+    key: str,
+    out: _Build,
+    *,
+    field: str,
+    why_not_ours: str,
+    applies: bool = True,
+) -> None:
+    """DeepSpeed's `key` as the config has it, and DeepSpeed's default (true) where the config
+    leaves it out and the key `applies`: the spec field `zero.<field>` defaults otherwise, so
+    writing nothing would change how the imported job runs."""
+    if zero.has(key):
+        out.put(f"zero.{field}", zero.at(key), zero.get(key))
+    elif applies:
+        out.put(f"zero.{field}", zero.at(key), True)
         zero.out.note(
-            f"zero_optimization.{MULTI_RANK} is missing: DeepSpeed's default is true; wrote true "
-            "(the toolkit's own default, false, reduces each gradient partition to its owner, "
-            "moving each gradient once)"
+            f"zero_optimization.{key} is missing: DeepSpeed's default is true; wrote true "
+            f"({why_not_ours})"
         )
 
 

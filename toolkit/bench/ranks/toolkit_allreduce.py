@@ -34,7 +34,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--spec", required=True)
     parser.add_argument("--paths", required=True, help="comma-separated raw_paths.PATHS names")
     parser.add_argument("--sizes", required=True, help="comma-separated message sizes in bytes")
-    parser.add_argument("--blocks", type=int, default=9)
+    parser.add_argument("--blocks", type=int, required=True)
     parser.add_argument("--block-bytes", type=int, default=64 << 20)
     parser.add_argument("--max-iterations", type=int, default=50)
     parser.add_argument("--out", required=True)
