@@ -40,24 +40,31 @@ def test_environment_uses_bytes_and_flags() -> None:
 
 
 @pytest.mark.parametrize(
-    ("horovod_section", "launcher", "cycle"),
+    ("horovod_section", "launcher", "cycle", "fusion_mib"),
     [
-        ({}, "horovodrun", "5.0"),  # the Gloo controller horovodrun implies
-        ({"controller": "mpi"}, "horovodrun", "1.0"),
-        ({}, "mpirun", "1.0"),  # MPI's controller
-        ({"controller": "gloo", "cycle_time_ms": 0.5}, "horovodrun", "0.5"),
+        ({}, "horovodrun", "5.0", 64),  # the Gloo controller horovodrun implies
+        ({"controller": "mpi"}, "horovodrun", "1.0", 1),
+        ({}, "mpirun", "1.0", 1),  # MPI's controller
+        ({"controller": "gloo", "cycle_time_ms": 0.5}, "horovodrun", "0.5", 64),
+        ({"controller": "mpi", "fusion_threshold_mb": 128}, "horovodrun", "1.0", 128),
+        ({"fusion_threshold_mb": 0}, "mpirun", "1.0", 0),  # fusion off
     ],
 )
-def test_an_unset_cycle_time_follows_the_controller(
-    horovod_section: dict[str, object], launcher: str, cycle: str
+def test_an_unset_cycle_time_or_fusion_buffer_follows_the_controller(
+    horovod_section: dict[str, object], launcher: str, cycle: str, fusion_mib: int
 ) -> None:
     spec = TrainSpec.from_dict(
         {"backend": "horovod", "horovod": horovod_section, "launch": {"launcher": launcher}}
     )
-    assert horovod.environment(spec)["HOROVOD_CYCLE_TIME"] == cycle
+    env = horovod.environment(spec)
+    assert env["HOROVOD_CYCLE_TIME"] == cycle
+    assert env["HOROVOD_FUSION_THRESHOLD"] == str(fusion_mib * 1024 * 1024)
     flags = horovod.horovodrun_flags(spec)
     assert flags[flags.index("--cycle-time-ms") + 1] == cycle
-    assert horovod.config_file(spec)["params"]["cycle_time_ms"] == float(cycle)
+    assert flags[flags.index("--fusion-threshold-mb") + 1] == str(fusion_mib)
+    params = horovod.config_file(spec)["params"]
+    assert params["cycle_time_ms"] == float(cycle)
+    assert params["fusion_threshold_mb"] == fusion_mib
 
 
 @pytest.mark.parametrize(

@@ -87,7 +87,7 @@ def _shared_memory(s: Setting, choice: AllreduceTransport) -> bool:
 def _horovod(framework: str) -> Callable[[Setting], list[PlanRow]]:
     def rows(s: Setting) -> list[PlanRow]:
         p = s.facts.parameters
-        threshold = float(s.spec.horovod.fusion_threshold_mb * MIB)
+        threshold = float(s.spec.horovod.fusion_threshold * MIB)
         layers = [4.0 * n for n in s.facts.layer_parameters]
         fusion = mem.horovod_fusion_bytes(threshold, layers, gradient_bytes=4.0 * p)
         memory = mem.replicated(s.spec, p, buffers=fusion, activations=s.activations())

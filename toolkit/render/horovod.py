@@ -23,7 +23,7 @@ def config_file(spec: TrainSpec) -> dict[str, Any]:
     data: dict[str, Any] = {
         "controller": hvd.controller,
         "params": {
-            "fusion_threshold_mb": hvd.fusion_threshold_mb,
+            "fusion_threshold_mb": hvd.fusion_threshold,
             "cycle_time_ms": hvd.cycle_time,
             "cache_capacity": hvd.cache_capacity,
             "hierarchical_allreduce": hvd.hierarchical_allreduce,
@@ -52,7 +52,7 @@ def environment(spec: TrainSpec, controller: Controller | None = None) -> dict[s
     env = {
         "HOROVOD_CONTROLLER": hvd.controller,
         "HOROVOD_CPU_OPERATIONS": hvd.controller,
-        "HOROVOD_FUSION_THRESHOLD": str(hvd.fusion_threshold_mb * MIB),
+        "HOROVOD_FUSION_THRESHOLD": str(hvd.fusion_threshold * MIB),
         "HOROVOD_CYCLE_TIME": str(hvd.cycle_time),
         "HOROVOD_CACHE_CAPACITY": str(hvd.cache_capacity),
         "HOROVOD_HIERARCHICAL_ALLREDUCE": str(int(hvd.hierarchical_allreduce)),
@@ -74,7 +74,7 @@ def horovodrun_flags(spec: TrainSpec) -> list[str]:
     flags = [
         f"--{hvd.controller}",
         "--fusion-threshold-mb",
-        str(hvd.fusion_threshold_mb),
+        str(hvd.fusion_threshold),
         "--cycle-time-ms",
         str(hvd.cycle_time),
         "--cache-capacity",
