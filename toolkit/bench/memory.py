@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit.bench.launching import failure, launch_with_spec
+from toolkit.launch.machine_settings import for_this_machine
 from toolkit.parity.cases import merge
 from toolkit.plan.model_facts import ModelFacts
 from toolkit.plan.table import plan_rows
@@ -122,6 +123,9 @@ def case_spec(case: MemoryCase, base: dict[str, Any], micro: int) -> TrainSpec:
 def compare(
     spec: TrainSpec, facts: ModelFacts, row_name: str, measured: dict[str, Any]
 ) -> dict[str, Any]:
+    """The plan of `spec` as `toolkit launch` ran it on this machine (Horovod's controller, and
+    with it the fusion buffer, resolved for horovodrun here) beside what the run measured."""
+    spec = for_this_machine(spec)
     row = next(r for r in plan_rows(spec, facts, spec.world_size) if r.name == row_name)
     planned = row.memory
     baseline = measured["resident_baseline"]

@@ -3,7 +3,9 @@
 Per-rank memory of every engine (each ZeRO stage with and without CPU offload, the pipeline
 when the spec has one) for the spec's optimizer, precision and batch, the bytes each rank sends
 per step and the pipeline bubble (toolkit.plan). Nothing is launched; `--model` builds the
-torch model once to count its layers and activations.
+torch model once to count its layers and activations. A Horovod spec under horovodrun is
+planned with the controller horovodrun picks on this machine, as `toolkit launch` runs it: the
+controller sets the fusion buffer's default.
 """
 
 from __future__ import annotations
@@ -47,12 +49,13 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from toolkit.launch.machine_settings import for_this_machine
     from toolkit.plan import model_facts
     from toolkit.plan.report import text, to_json
     from toolkit.plan.table import plan_rows
     from toolkit.spec import load_spec
 
-    spec = load_spec(args.spec)
+    spec = for_this_machine(load_spec(args.spec))
     ranks = spec.world_size if args.ranks is None else args.ranks
     if ranks < 1:
         raise ToolkitError(f"--ranks={ranks}: must be at least 1", "give the number of processes")
