@@ -62,11 +62,7 @@ class Row:
 
 def verdict_at_most(spread: dict[str, Any], bound: float) -> str:
     """A ratio that should be at most `bound`, judged with its interval."""
-    if not math.isfinite(spread["median"]):
-        return NOT_RUN
-    if spread["median"] > bound:
-        return MISSED
-    return MET if spread["ci_high"] <= bound else MEDIAN_ONLY
+    return _verdict_with_interval(spread["median"], spread["ci_high"], lambda v: v <= bound)
 
 
 def verdict_at_least(value: float, bound: float) -> str:
@@ -78,11 +74,17 @@ def verdict_at_least(value: float, bound: float) -> str:
 
 def verdict_at_least_spread(spread: dict[str, Any], bound: float) -> str:
     """A ratio that should be at least `bound`, judged with its interval."""
-    if not math.isfinite(spread["median"]):
+    return _verdict_with_interval(spread["median"], spread["ci_low"], lambda v: v >= bound)
+
+
+def _verdict_with_interval(median: float, far_end: float, inside: Callable[[float], bool]) -> str:
+    """Missed when the median is outside the bound, met when the interval's end on the bound's
+    side (`far_end`) is inside it too, else median only (the module's docstring)."""
+    if not math.isfinite(median):
         return NOT_RUN
-    if spread["median"] < bound:
+    if not inside(median):
         return MISSED
-    return MET if spread["ci_low"] >= bound else MEDIAN_ONLY
+    return MET if inside(far_end) else MEDIAN_ONLY
 
 
 def verdict_within(value: float, centre: float, tolerance: float) -> str:
