@@ -373,6 +373,9 @@ def _allreduce_data() -> dict:
         "ranks": 2,
         "series": series,
         "toolkit_over_raw_busbw": {"toolkit ddp (gloo)": {str(s): 0.9 for s in sizes}},
+        "raw_again_over_raw_spread": {
+            "torch.distributed gloo": {str(s): stats.spread([0.995, 1.0]).to_json() for s in sizes}
+        },
         "errors": [],
     }
 
@@ -381,6 +384,9 @@ def test_reports_write_tables_pngs_and_markdown(tmp_path: Path) -> None:
     step, sweep = _step_data(), _allreduce_data()
     assert "ddp/torchrun" in step_report.table(step)
     assert "toolkit ddp (gloo)" in allreduce_report.table(sweep)
+    assert allreduce_report.table(sweep).splitlines()[-1].split() == [
+        *("A/A:", "torch.distributed", "gloo", "0.998", "0.998")
+    ]
     png = step_report.plot(step, tmp_path / "step.png")
     assert png.read_bytes()[:8] == PNG_SIGNATURE
     png = allreduce_report.plot(sweep, tmp_path / "allreduce.png")
@@ -423,6 +429,7 @@ def test_reports_write_tables_pngs_and_markdown(tmp_path: Path) -> None:
     assert "toolkit / floor" in text and "| 40.0 + 3.5 |" in text
     assert "floor = compute + move" in step_report.table(step)
     assert "![allreduce](docs/bench/allreduce.png)" in text
+    assert "| torch.distributed gloo | 0.998 | 0.998 |" in text
     titles = [line for line in text.splitlines() if line.startswith("### Step")]
     assert titles == [
         "### Step: toolkit vs native in the same processes (the adapter's cost)",

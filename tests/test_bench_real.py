@@ -84,10 +84,14 @@ def test_bench_allreduce_tiny(tmp_path: Path, no_orphans: None) -> None:
         assert all(math.isfinite(bw) and bw > 0 for bw in series["busbw_gbs"]), series
     assert set(data["toolkit_over_raw_busbw"]["toolkit ddp (gloo)"]) == {"4096", "16384"}
     spread = data["toolkit_over_raw_spread"]["toolkit ddp (gloo)"]["4096"]
+    # --blocks 1 is rounded up to one whole round: 6 paths (memcpy and the raw path's A/A among
+    # them), each behind each of the 5 others once.
     assert (
-        spread["n"] == 1
+        spread["n"] == 5
         and spread["median"] == data["toolkit_over_raw_busbw"]["toolkit ddp (gloo)"]["4096"]
     )
+    again = data["raw_again_over_raw_spread"]["torch.distributed gloo"]
+    assert set(again) == {"4096", "16384"} and again["4096"]["n"] == 5
     assert (out / "allreduce.png").read_bytes()[:8] == PNG_SIGNATURE
 
 

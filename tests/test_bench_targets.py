@@ -126,13 +126,32 @@ def test_the_allreduce_is_judged_with_its_interval_where_the_run_kept_one() -> N
 
 
 def test_the_allreduce_ratio_pairs_the_blocks_that_ran_next_to_each_other() -> None:
-    from toolkit.bench.allreduce import paired_ratio
+    from toolkit.bench.allreduce import paired_ratios
 
     # The toolkit's second block ran while the machine was busy, and so did the raw one next to
     # it: their ratio is 1 like the others, where the ratio of medians would read 0.75.
-    spread = paired_ratio([1.0, 4.0, 1.0], [1.0, 4.0, 1.0])
-    assert (spread.median, spread.low, spread.high, spread.n) == (1.0, 1.0, 1.0, 3)
-    assert paired_ratio([2.0, 2.0], [1.0, 4.0]).median == 1.25  # (2/1 + 2/4) / 2
+    spread = paired_ratios({"4096": [1.0, 4.0, 1.0]}, {"4096": [1.0, 4.0, 1.0]})["4096"]
+    assert (spread["median"], spread["low"], spread["high"], spread["n"]) == (1.0, 1.0, 1.0, 3)
+    halves = paired_ratios({"4096": [2.0, 2.0]}, {"4096": [1.0, 4.0]})
+    assert halves["4096"]["median"] == 1.25  # (2/1 + 2/4) / 2
+
+
+def test_the_allreduce_row_shows_the_raw_paths_a_a_beside_the_toolkits_ratio() -> None:
+    size = str(64 * MIB)
+
+    def spread(median: float, low: float, high: float) -> dict[str, Any]:
+        return {"median": median, "low": low, "high": high, "ci_low": low, "ci_high": high, "n": 9}
+
+    data = {
+        "toolkit_over_raw_busbw": {},
+        "toolkit_over_raw_spread": {
+            "toolkit ddp (gloo), in place": {size: spread(1.0, 0.99, 1.01)}
+        },
+        "raw_again_over_raw_spread": {"torch.distributed gloo": {size: spread(0.97, 0.9, 1.05)}},
+    }
+    rows = {row.subject: row for row in targets.allreduce_rows(data, "allreduce.json")}
+    figure = rows["toolkit ddp (gloo), in place"].figure
+    assert figure == "1.000 [0.990, 1.010]; A/A 0.970 [0.900, 1.050]"
 
 
 def test_the_bubble_is_read_for_the_toolkits_own_hand_offs() -> None:

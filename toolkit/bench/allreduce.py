@@ -7,9 +7,12 @@ toolkit's `run.allreduce` and the engine's own call (and any other raw path that
 gives, e.g. mpi4py under mpirun). So toolkit/raw is a ratio taken side by side in the same
 processes, and the raw paths of different sweeps are compared through their bandwidths.
 Each size's toolkit/raw is the median of its blocks' ratios, block k of the toolkit's path
-against block k of the raw one, which ran next to it, with a bootstrap 95% interval
+against block k of the raw one, which ran in the same round, with a bootstrap 95% interval
 (`toolkit_over_raw_spread`). The ratio of the two paths' median blocks, which this replaced,
 read 0.88-1.31 at 64 MiB for paths that make the same call, with 3 blocks of 2 operations.
+Every launch also times its raw path a second time, as a path of its own with its own buffer
+(`raw_again_over_raw_spread`, by the raw path's label): the A/A, how far two runs of the very
+same call read apart in that launch.
 
 Bandwidth follows nccl-tests: algbw = bytes / time, busbw = algbw × 2(n-1)/n for allreduce
 (the fraction of the buffer each rank sends and receives in a ring); for 2 ranks busbw = algbw.
@@ -26,6 +29,7 @@ from typing import Any
 
 from toolkit.bench import stats
 from toolkit.bench.launching import failure, launch_with_spec
+from toolkit.bench.ranks.raw_paths import AGAIN
 from toolkit.parity.cases import merge
 from toolkit.ports import free_port, free_port_range
 from toolkit.spec import TrainSpec
@@ -146,13 +150,16 @@ def run_sweeps(
     series: list[dict[str, Any]] = []
     ratios: dict[str, dict[str, float]] = {}
     spreads: dict[str, dict[str, dict[str, Any]]] = {}
+    again_spreads: dict[str, dict[str, dict[str, Any]]] = {}
     errors: list[str] = []
     for index, sweep in enumerate(sweeps):
         spec = sweep_spec(sweep, ranks)
         directory = work / f"sweep{index}"
         directory.mkdir(parents=True)
         out = directory / "sweep.json"
-        args = ["--paths", ",".join(sweep.series), "--sizes", ",".join(map(str, sizes))]
+        again = sweep.reference + AGAIN
+        paths = [*sweep.series, again]
+        args = ["--paths", ",".join(paths), "--sizes", ",".join(map(str, sizes))]
         args += ["--blocks", str(blocks), "--out", str(out)]
         log(f"{sweep.name}: {', '.join(sweep.series.values())}")
         outcome = launch_with_spec(spec, directory, RANK_PROGRAM, args, timeout=SWEEP_TIMEOUT_S)
@@ -168,25 +175,32 @@ def run_sweeps(
         series.append(
             series_record(f"memcpy, 1 core ({sweep.name})", "memcpy", measured["memcpy"], ranks)
         )
-        raw = written["blocks"][sweep.reference]
+        timed = written["blocks"]
         for path in (path for path in sweep.series if path in TOOLKIT_PATHS):
             label = sweep.series[path]
-            spreads[label] = {
-                size: paired_ratio(raw[size], toolkit).to_json()
-                for size, toolkit in written["blocks"][path].items()
-            }
+            spreads[label] = paired_ratios(timed[sweep.reference], timed[path])
             ratios[label] = {size: spread["median"] for size, spread in spreads[label].items()}
+        again_spreads[sweep.series[sweep.reference]] = paired_ratios(
+            timed[sweep.reference], timed[again]
+        )
     return {
         "series": series,
         "toolkit_over_raw_busbw": ratios,
         "toolkit_over_raw_spread": spreads,
+        "raw_again_over_raw_spread": again_spreads,
         "errors": errors,
         "ranks": ranks,
     }
 
 
-def paired_ratio(raw_blocks: list[float], toolkit_blocks: list[float]) -> stats.Spread:
-    """toolkit busbw / raw busbw over the blocks that ran next to each other: raw seconds /
-    toolkit seconds, block by block."""
-    pairs = zip(raw_blocks, toolkit_blocks, strict=True)
-    return stats.spread([raw / toolkit for raw, toolkit in pairs])
+def paired_ratios(
+    raw: dict[str, list[float]], other: dict[str, list[float]]
+) -> dict[str, dict[str, Any]]:
+    """Size -> the spread of `other`'s busbw / raw busbw over the blocks of the same round:
+    raw seconds / other seconds, block by block."""
+    return {
+        size: stats.spread(
+            [raw_s / other_s for raw_s, other_s in zip(raw[size], other[size], strict=True)]
+        ).to_json()
+        for size in other
+    }

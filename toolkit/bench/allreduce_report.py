@@ -10,6 +10,14 @@ from typing import Any
 from toolkit.units import size_label
 
 
+def a_a_medians(data: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """The raw path against itself, by its label and size (runs since 2026-11-29 keep it)."""
+    return {
+        label: {size: spread["median"] for size, spread in by_size.items()}
+        for label, by_size in data.get("raw_again_over_raw_spread", {}).items()
+    }
+
+
 def table(data: dict[str, Any]) -> str:
     series = data["series"]
     if not series:
@@ -26,6 +34,9 @@ def table(data: dict[str, Any]) -> str:
     for label, ratios in data["toolkit_over_raw_busbw"].items():
         cells = "".join(f"{ratios.get(str(s), math.nan):9.3f}" for s in sizes)
         lines.append(f"{label[:40]:40}{cells}")
+    for label, ratios in a_a_medians(data).items():
+        cells = "".join(f"{ratios.get(str(s), math.nan):9.3f}" for s in sizes)
+        lines.append(f"{('A/A: ' + label)[:40]:40}{cells}")
     for error in data["errors"]:
         lines.append(f"error: {error.splitlines()[0]}")
     return "\n".join(lines)
@@ -63,6 +74,10 @@ def plot(data: dict[str, Any], path: Path) -> Path:
     for label, ratios in data["toolkit_over_raw_busbw"].items():
         sizes = sorted(int(size) for size in ratios)
         ratio.plot(sizes, [ratios[str(size)] for size in sizes], marker="o", label=label)
+    for label, ratios in a_a_medians(data).items():
+        sizes = sorted(int(size) for size in ratios)
+        values = [ratios[str(size)] for size in sizes]
+        ratio.plot(sizes, values, ":", color="grey", linewidth=1, label=f"A/A: {label}")
     ratio.axhline(1.0, color="black", linewidth=0.8)
     ratio.set_xscale("log", base=2)
     ratio.set_yscale("log")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit.bench import record, targets
+from toolkit.bench.allreduce_report import a_a_medians
 from toolkit.units import MIB, size_label
 
 
@@ -200,6 +201,18 @@ def allreduce_section(data: dict[str, Any], png: str) -> list[str]:
         "",
     ]
     lines += [*_table(["toolkit path", *(size_label(s) for s in sizes)], ratio_rows), ""]
+    a_a_rows = [
+        [label, *(_f(ratios.get(str(s)), ".3f") for s in sizes)]
+        for label, ratios in a_a_medians(data).items()
+    ]
+    if a_a_rows:
+        lines += [
+            "A/A: each raw path against a second copy of itself in the same launch, the noise "
+            "the rows above are read against:",
+            "",
+            *_table(["raw path", *(size_label(s) for s in sizes)], a_a_rows),
+            "",
+        ]
     lines += [f"![allreduce]({png})", ""]
     return lines
 

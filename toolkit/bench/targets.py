@@ -168,12 +168,15 @@ def allreduce_rows(data: dict[str, Any], source: str) -> Iterator[Row]:
     target = f"toolkit / raw allreduce busbw at {ALLREDUCE_SIZE // MIB} MiB ≥ {ALLREDUCE_BOUND}"
     ratios = data["toolkit_over_raw_busbw"]
     spreads = data.get("toolkit_over_raw_spread", {})  # since 2026-11-29
+    again_spreads = data.get("raw_again_over_raw_spread", {})  # since 2026-11-29, later
     for sweep in SWEEPS:
         label = sweep.series.get("toolkit-inplace") or sweep.series["toolkit"]
         spread = spreads.get(label, {}).get(str(ALLREDUCE_SIZE))
         if spread:
+            again = again_spreads.get(sweep.series[sweep.reference], {}).get(str(ALLREDUCE_SIZE))
+            noise = f"; A/A {spread_text(again)}" if again else ""
             verdict = verdict_at_least_spread(spread, ALLREDUCE_BOUND)
-            yield Row(target, label, spread_text(spread), verdict, source)
+            yield Row(target, label, spread_text(spread) + noise, verdict, source)
             continue
         value = ratios.get(label, {}).get(str(ALLREDUCE_SIZE), math.nan)
         yield Row(target, label, f"{value:.3f}", verdict_at_least(value, ALLREDUCE_BOUND), source)

@@ -3,7 +3,8 @@
 A path is built once per process and then asked for an operation per message size: a closure
 that runs one in-place (or, where the engine has none, out-of-place) SUM allreduce of a float32
 buffer of that size, allocated and touched before timing. Engines are imported only by the
-path that needs them, so a launch loads only its own.
+path that needs them, so a launch loads only its own. A name with the suffix `AGAIN` is a
+second, separate instance of the same path: the bench's A/A.
 """
 
 from __future__ import annotations
@@ -117,6 +118,14 @@ PATHS: dict[str, PathFactory] = {
     "toolkit": toolkit_allreduce,
     "toolkit-inplace": toolkit_allreduce_in_place,
 }
+
+
+AGAIN = "-again"
+
+
+def factory(name: str) -> PathFactory:
+    """The path `name` names: one of PATHS, or one of them with the suffix AGAIN."""
+    return PATHS[name.removesuffix(AGAIN)]
 
 
 def memcpy(elements: int) -> Operation:

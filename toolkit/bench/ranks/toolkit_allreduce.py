@@ -5,12 +5,18 @@ processes) and a single-core memcpy, interleaved.
     python toolkit/bench/ranks/toolkit_allreduce.py --spec S.json --paths torch-gloo,toolkit \
         --sizes 4096,65536 --out sweep.json
 
-Per size and path: `--blocks` blocks, each a barrier then `iterations` back-to-back operations
-(enough that a block moves ~`--block-bytes`), timed on rank 0; the figure is the median block's
-seconds per operation, and every block's is kept too: blocks of different paths with the same
-index ran next to each other, so their ratios are the side-by-side repetitions
-(toolkit.bench.allreduce). Block order rotates between paths so none always runs first. memcpy
-runs on every rank at once (each on its own core), as the allreduce does.
+Per size and path: at least `--blocks` blocks, each a barrier then `iterations` back-to-back
+operations (enough that a block moves ~`--block-bytes`), timed on rank 0; the figure is the
+median block's seconds per operation, and every block's is kept too: blocks of different paths
+with the same index ran in the same round, so their ratios are the side-by-side repetitions
+(toolkit.bench.allreduce). memcpy runs on every rank at once (each on its own core), as the
+allreduce does.
+
+The blocks run in rounds, each an order in which every path follows every other path once
+(toolkit.bench.ordering): n paths give each path n-1 blocks a round, and `--blocks` is rounded
+up to whole rounds. Until 2026-11-29 the order rotated (a b c d, b c d a, ...), which puts each
+path behind the same one in all but one block of n: the in-place toolkit path behind the copying
+one, the raw path behind memcpy.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from toolkit.bench.native import _bench
+from toolkit.bench.ordering import carryover_balanced
 from toolkit.bench.ranks import raw_paths
 from toolkit.bench.ranks._toolkit_job import start_toolkit
 
@@ -46,6 +53,13 @@ def iterations(size: int, args: argparse.Namespace) -> int:
     return max(2, min(args.max_iterations, math.ceil(args.block_bytes / size)))
 
 
+def block_order(paths: list[str], blocks: int) -> list[str]:
+    """Whole carryover-balanced rounds, enough that every path runs at least `blocks` blocks."""
+    round_order = [paths[index] for index in carryover_balanced(len(paths))]
+    per_round = round_order.count(paths[0])
+    return round_order * math.ceil(blocks / per_round)
+
+
 def time_block(operation: Callable[[], Any], count: int, barrier: Callable[[], None]) -> float:
     barrier()
     start = time.perf_counter()
@@ -58,7 +72,7 @@ def main() -> int:
     args = parse(sys.argv[1:])
     _, run = start_toolkit(args.spec)
     names = args.paths.split(",")
-    makers = {name: raw_paths.PATHS[name](run) for name in names}
+    makers = {name: raw_paths.factory(name)(run) for name in names}
     sizes = [int(size) for size in args.sizes.split(",")]
     seconds: dict[str, dict[str, float]] = {name: {} for name in [*names, "memcpy"]}
     every_block: dict[str, dict[str, list[float]]] = {name: {} for name in seconds}
@@ -70,11 +84,8 @@ def main() -> int:
         for operation in operations.values():
             operation()  # warm: first-touch pages, connections, Horovod's negotiation cache
         blocks: dict[str, list[float]] = {name: [] for name in operations}
-        order = list(operations)
-        for block in range(args.blocks):
-            shift = block % len(order)
-            for name in order[shift:] + order[:shift]:
-                blocks[name].append(time_block(operations[name], count, run.barrier))
+        for name in block_order(list(operations), args.blocks):
+            blocks[name].append(time_block(operations[name], count, run.barrier))
         for name, measured in blocks.items():
             seconds[name][str(size)] = float(np.median(measured))
             every_block[name][str(size)] = measured
