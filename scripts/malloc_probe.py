@@ -15,7 +15,8 @@ gradients are views into its buckets): how much of the faulting is the freed gra
 The models: the step bench's MLP (docs/bench/spec.yaml, 64 samples), the pipeline bubble
 bench's (toolkit/bench/bubble.py, 128 samples), and a GPT-2-shaped transformer trained with AdamW
 (the GPT example's model, hvd_examples/gpt_text.py, at 6 layers of 384 instead of 2 of 64, built
-by its build_model).
+by its build_model), and an MLP with one weight of 64 MiB, above any mmap threshold glibc
+allows (what `mmap_max=0` in the toolkit's settings is for).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ MODELS = {
     "step bench MLP 512-2048-2048-512-10, 64 samples": {"mlp": [512, 2048, 2048, 512, 10], "n": 64},
     "bubble bench MLP 1536-1024x8, 128 samples": {"mlp": [1536] + [1024] * 8, "n": 128},
     "GPT-2 shape (6 layers of 384, 6 heads), 8 x 64 tokens, AdamW": {"gpt": [6, 384], "n": 8},
+    "MLP 1024-4096-4096-10 (a 64 MiB weight), 64 samples": {"mlp": [1024, 4096, 4096, 10], "n": 64},
 }
 
 

@@ -26,28 +26,32 @@ LAUNCHERS = {
     "local": {"backend": "tf"},
 }
 
-# Each round allocates 24 blocks of 1 MiB, writes them and frees them all. With glibc's own
-# settings the first free raises the mmap threshold to 1 MiB and the trim threshold to 2 MiB, so
-# later blocks come from the heap and freeing them trims its 24 MiB top away: every round
-# page-faults the 24 MiB in again. Kept, the heap's pages serve every round.
+# Each small round allocates 24 blocks of 1 MiB, writes them and frees them all. With glibc's
+# own settings the first free raises the mmap threshold to 1 MiB and the trim threshold to 2
+# MiB, so later blocks come from the heap and freeing them trims its 24 MiB top away: every
+# round page-faults the 24 MiB in again. Each large round does the same with one 64 MiB block,
+# above any mmap threshold glibc allows: its own settings map it afresh every time. Kept, the
+# heap's pages serve every round of both.
 ROUNDS_SCRIPT = """
 import ctypes, json, os, resource
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = [ctypes.c_void_p]
-def round_():
-    blocks = [libc.malloc(1 << 20) for _ in range(24)]
+def round_(count, size):
+    blocks = [libc.malloc(size) for _ in range(count)]
     for block in blocks:
-        ctypes.memset(block, 1, 1 << 20)
+        ctypes.memset(block, 1, size)
     for block in blocks:
         libc.free(block)
-round_()
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(10):
-    round_()
-faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+def faults_per_round(count, size):
+    round_(count, size)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(10):
+        round_(count, size)
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10
 print(json.dumps({"rank": os.environ["RANK"], "tunables": os.environ.get("GLIBC_TUNABLES"),
-                  "faults_per_round": faults / 10}), flush=True)
+                  "small": faults_per_round(24, 1 << 20), "large": faults_per_round(1, 64 << 20)}),
+      flush=True)
 """
 
 
@@ -90,9 +94,10 @@ def test_glibc_keeps_freed_memory_in_ranks_under_torchrun(tmp_path: Path) -> Non
         assert done.returncode == 0, done.stdout + done.stderr
         reports = [json.loads(line) for line in done.stdout.splitlines() if '"rank"' in line]
         assert sorted(r["rank"] for r in reports) == ["0", "1"], done.stdout
-        faults[setting] = max(r["faults_per_round"] for r in reports)
+        faults[setting] = {size: max(r[size] for r in reports) for size in ("small", "large")}
         expected = KEEP_FREED_MEMORY if setting == "keep" else None
         assert all(r["tunables"] == expected for r in reports), reports
-    # 24 MiB is 6,144 pages: glibc's own settings fault most of them in every round.
-    assert faults["glibc"] > 3000, faults
-    assert faults["keep"] < 100, faults
+    # 24 MiB is 6,144 pages, 64 MiB 16,384: glibc's own settings fault most of them in every
+    # round.
+    assert faults["glibc"]["small"] > 3000 and faults["glibc"]["large"] > 10000, faults
+    assert faults["keep"]["small"] < 100 and faults["keep"]["large"] < 100, faults
