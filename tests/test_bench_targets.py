@@ -125,11 +125,11 @@ def test_the_allreduce_is_judged_with_its_interval_where_the_run_kept_one() -> N
     assert rows["toolkit horovod (Gloo), in place"].verdict == targets.NOT_RUN
 
 
-def test_the_allreduce_ratio_pairs_the_blocks_that_ran_next_to_each_other() -> None:
+def test_the_allreduce_ratio_pairs_the_blocks_of_the_same_round() -> None:
     from toolkit.bench.allreduce import paired_ratios
 
-    # The toolkit's second block ran while the machine was busy, and so did the raw one next to
-    # it: their ratio is 1 like the others, where the ratio of medians would read 0.75.
+    # The toolkit's second block ran while the machine was busy, and so did the raw one of the
+    # same round: their ratio is 1 like the others, where the ratio of medians would read 0.75.
     spread = paired_ratios({"4096": [1.0, 4.0, 1.0]}, {"4096": [1.0, 4.0, 1.0]})["4096"]
     assert (spread["median"], spread["low"], spread["high"], spread["n"]) == (1.0, 1.0, 1.0, 3)
     halves = paired_ratios({"4096": [2.0, 2.0]}, {"4096": [1.0, 4.0]})

@@ -156,7 +156,9 @@ def register(subparsers: Any) -> None:
         "--blocks",
         type=_positive,
         default=9,
-        help="timed blocks per size and path; toolkit / raw is the median of the blocks' ratios",
+        help="timed blocks per size and path, at least (rounded up to whole rounds, in each of "
+        "which every path runs behind every other once); toolkit / raw is the median of the "
+        "blocks' ratios",
     )
     sweep.add_argument(
         "--sweeps", nargs="*", default=[], metavar="PATTERN", help="only these launches"
