@@ -179,12 +179,14 @@ DeepSpeed's ZeRO-1 and 2 (and a pipeline stage at ZeRO-1) allocate the whole buc
 every backward (`setup_buckets` in deepspeed/runtime/zero/stage_1_and_2.py) and free it after
 the reduction. On a CPU that is glibc's: 5e8 fp32 elements are a fresh 2 GB mapping each step,
 and every page the gradients reach faults in anew (6,154 faults a step, 24 MiB, on the bench's
-6.3 M-parameter MLP; docs/bench/findings.md). A bucket below the mmap threshold that
-`launch.malloc: keep` fixes at 32 MiB (toolkit.render.malloc) comes from the heap, which keeps
-it between steps. 2**22 is also what Hugging Face's "auto" gives a 2048-wide model (hidden
-size squared). Each gradient element is still reduced once, whichever bucket holds it: with 2
-ranks its sum is the same to the bit; with more, a ring all-reduce may add its terms in another
-order as bucket boundaries move, which can change its last bit."""
+6.3 M-parameter MLP; docs/bench/findings.md). Under `launch.malloc: keep`
+(toolkit.render.malloc) a bucket comes from the heap, which keeps its pages between steps: since
+2026-11-29 at any size, before only below the mmap threshold it fixes at 32 MiB (the finding
+above was made then); under glibc's own settings a bucket that large is mapped afresh each
+step. 2**22 is also what Hugging Face's "auto" gives a 2048-wide model (hidden size squared).
+Each gradient element is still reduced once, whichever bucket holds it: with 2 ranks its sum is
+the same to the bit; with more, a ring all-reduce may add its terms in another order as bucket
+boundaries move, which can change its last bit."""
 
 
 class ZeroSpec(Section):
