@@ -103,18 +103,20 @@ def test_the_allreduce_compares_the_toolkits_in_place_path_where_there_is_one() 
     assert rows["toolkit horovod (MPI), in place"].verdict == targets.NOT_RUN
 
 
+def allreduce_spread(median: float, low: float, high: float) -> dict[str, Any]:
+    """A ratio's spread as the allreduce bench writes it, its interval from `low` to `high`."""
+    return {"median": median, "low": low, "high": high, "ci_low": low, "ci_high": high, "n": 9}
+
+
 def test_the_allreduce_is_judged_with_its_interval_where_the_run_kept_one() -> None:
     size = str(64 * MIB)
-
-    def spread(median: float, low: float, high: float) -> dict[str, Any]:
-        return {"median": median, "low": low, "high": high, "ci_low": low, "ci_high": high, "n": 9}
 
     data = {
         "toolkit_over_raw_busbw": {},
         "toolkit_over_raw_spread": {
-            "toolkit ddp (gloo), in place": {size: spread(1.001, 0.985, 1.02)},
-            "toolkit horovod (MPI), in place": {size: spread(0.99, 0.95, 1.03)},
-            "toolkit tf (ring)": {size: spread(0.97, 0.96, 0.99)},
+            "toolkit ddp (gloo), in place": {size: allreduce_spread(1.001, 0.985, 1.02)},
+            "toolkit horovod (MPI), in place": {size: allreduce_spread(0.99, 0.95, 1.03)},
+            "toolkit tf (ring)": {size: allreduce_spread(0.97, 0.96, 0.99)},
         },
     }
     rows = {row.subject: row for row in targets.allreduce_rows(data, "allreduce.json")}
@@ -139,15 +141,14 @@ def test_the_allreduce_ratio_pairs_the_blocks_of_the_same_round() -> None:
 def test_the_allreduce_row_shows_the_raw_paths_a_a_beside_the_toolkits_ratio() -> None:
     size = str(64 * MIB)
 
-    def spread(median: float, low: float, high: float) -> dict[str, Any]:
-        return {"median": median, "low": low, "high": high, "ci_low": low, "ci_high": high, "n": 9}
-
     data = {
         "toolkit_over_raw_busbw": {},
         "toolkit_over_raw_spread": {
-            "toolkit ddp (gloo), in place": {size: spread(1.0, 0.99, 1.01)}
+            "toolkit ddp (gloo), in place": {size: allreduce_spread(1.0, 0.99, 1.01)}
         },
-        "raw_again_over_raw_spread": {"torch.distributed gloo": {size: spread(0.97, 0.9, 1.05)}},
+        "raw_again_over_raw_spread": {
+            "torch.distributed gloo": {size: allreduce_spread(0.97, 0.9, 1.05)}
+        },
     }
     rows = {row.subject: row for row in targets.allreduce_rows(data, "allreduce.json")}
     figure = rows["toolkit ddp (gloo), in place"].figure
