@@ -30,8 +30,8 @@ LAUNCHERS = {
 # own settings the first free raises the mmap threshold to 1 MiB and the trim threshold to 2
 # MiB, so later blocks come from the heap and freeing them trims its 24 MiB top away: every
 # round page-faults the 24 MiB in again. Each large round does the same with one 64 MiB block,
-# above any mmap threshold glibc allows: its own settings map it afresh every time. Kept, the
-# heap's pages serve every round of both.
+# above any mmap threshold glibc allows: its own settings map it afresh every time. Kept (no
+# block mapped on its own, no trimming), the heap's pages serve every round of both.
 ROUNDS_SCRIPT = """
 import ctypes, json, os, resource
 libc = ctypes.CDLL("libc.so.6")

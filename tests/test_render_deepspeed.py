@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from tests.deepspeed_oracle import deepspeed_parse
-from toolkit.render import malloc
 from toolkit.render.deepspeed import deepspeed_config
 from toolkit.spec import TrainSpec, load_spec
+from toolkit.units import MIB
 
 deepspeed = pytest.importorskip("deepspeed")
 ds_config = pytest.importorskip("deepspeed.runtime.config")
@@ -157,16 +157,16 @@ def test_clipping_is_written_even_when_off() -> None:
     assert deepspeed_config(spec_of({}), 1)["gradient_clipping"] == 0.0
 
 
-def test_reduce_bucket_stays_on_the_heap_that_malloc_keep_keeps() -> None:
+def test_reduce_bucket_is_the_toolkits_16_mib_not_deepspeeds_2_gb() -> None:
     """ZeRO-1/2 allocate the whole reduce bucket every backward. DeepSpeed's own size maps 2 GB
-    afresh each step on a CPU; the toolkit's, in fp32 (the widest dtype DeepSpeed reduces in),
-    is under the mmap threshold `launch.malloc: keep` sets, so glibc's heap keeps it."""
+    afresh each step on a CPU under glibc's own settings; the toolkit's is 16 MiB in fp32 (the
+    widest dtype DeepSpeed reduces in), which DeepSpeed's parser takes as written."""
     zero_config = pytest.importorskip("deepspeed.runtime.zero.config")
     assert zero_config.DeepSpeedZeroConfig().reduce_bucket_size == 500_000_000
     config, parsed = validated(spec_of({"zero": {"stage": 2}}), 2)
     bucket = config["zero_optimization"]["reduce_bucket_size"]
     assert parsed.zero_config.reduce_bucket_size == bucket
-    assert bucket * 4 < malloc.MMAP_THRESHOLD_BYTES
+    assert bucket * 4 == 16 * MIB
 
 
 @pytest.mark.parametrize(

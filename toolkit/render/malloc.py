@@ -17,15 +17,17 @@ Horovod torch: 512 a step; the pipeline: 1), and no difference was resolved. Lik
 caching allocator, this keeps a rank's freed memory for its next step: its resident memory stays
 near its high point instead of falling back between steps.
 
-Blocks above 32 MiB: glibc refuses an mmap threshold above that, so until 2026-11-29 every
-larger block (a 4096×4096 layer's gradient, a GPT-2 vocabulary's embedding) was still a fresh
-mapping each time. `mmap_max=0` stops malloc mapping blocks of its own, so those come from the
-heap too. A CPU step of an MLP 1024-4096-4096-10 (one 64 MiB weight, 64 samples, SGD with
-momentum, one thread) page-faulted 16,385 times a step under both glibc's settings and the
-threshold alone, and not at all with `mmap_max=0`, in 114.6-118.6 ms against 142.6-146.4
-(three rounds of the three settings); cloning a 64 MiB tensor took 6.4 ms against 35.3. Where the
-main heap cannot grow (its address range taken), glibc still maps memory for it, and a thread
-whose own arena cannot hold a block gets it from the main heap, so no allocation fails for it.
+Blocks above 32 MiB: glibc refuses an mmap threshold above that, so until 2026-11-29, when the
+settings were that threshold and the trim threshold, every larger block (a 4096×4096 layer's
+gradient, a GPT-2 vocabulary's embedding) was still a fresh mapping each time. The settings are
+now `mmap_max=0`, under which malloc maps no block of its own whatever the threshold (so none is
+set), and the trim threshold. A CPU step of an MLP 1024-4096-4096-10 (one 64 MiB weight, 64
+samples, SGD with momentum, one thread) page-faulted 16,385 times a step under glibc's settings
+and under the old ones alike, and not at all with `mmap_max=0`: 0.80 of the time (0.76-0.85 over
+4 pairs of launches); cloning a 64 MiB tensor took 4.3 ms against 35.3, with or without the
+threshold beside `mmap_max=0`. Where the main heap cannot grow (its address range taken), glibc
+still maps memory for it, and a thread whose own arena cannot hold a block gets it from the main
+heap, so no allocation fails for it.
 
 The tunables go in GLIBC_TUNABLES, which only glibc reads (elsewhere it is ignored); they change
 where memory comes from, never a value. They replace a GLIBC_TUNABLES the ranks would inherit
@@ -37,18 +39,13 @@ from __future__ import annotations
 
 from toolkit.spec import TrainSpec
 
-MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024
-"""glibc's upper limit for the mmap threshold on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX); it also
-stops the threshold moving, which `mmap_max=0` alone would leave to glibc."""
+MMAP_MAX = 0
+"""No block gets a mapping of its own, however large: it comes from the heap and goes back to
+it."""
 TRIM_THRESHOLD_BYTES = 1 << 62
 """Free memory at the heap's top is never given back on its own; `malloc_trim` still does."""
-MMAP_MAX = 0
-"""No block gets a mapping of its own, however large: above the threshold too, it comes from
-the heap and goes back to it."""
 KEEP_FREED_MEMORY = (
-    f"glibc.malloc.mmap_threshold={MMAP_THRESHOLD_BYTES}"
-    f":glibc.malloc.trim_threshold={TRIM_THRESHOLD_BYTES}"
-    f":glibc.malloc.mmap_max={MMAP_MAX}"
+    f"glibc.malloc.mmap_max={MMAP_MAX}:glibc.malloc.trim_threshold={TRIM_THRESHOLD_BYTES}"
 )
 
 

@@ -181,12 +181,12 @@ the reduction. On a CPU that is glibc's: 5e8 fp32 elements are a fresh 2 GB mapp
 and every page the gradients reach faults in anew (6,154 faults a step, 24 MiB, on the bench's
 6.3 M-parameter MLP; docs/bench/findings.md). Under `launch.malloc: keep`
 (toolkit.render.malloc) a bucket comes from the heap, which keeps its pages between steps: since
-2026-11-29 at any size, before only below the mmap threshold it fixes at 32 MiB (the finding
-above was made then); under glibc's own settings a bucket that large is mapped afresh each
-step. 2**22 is also what Hugging Face's "auto" gives a 2048-wide model (hidden size squared).
-Each gradient element is still reduced once, whichever bucket holds it: with 2 ranks its sum is
-the same to the bit; with more, a ring all-reduce may add its terms in another order as bucket
-boundaries move, which can change its last bit."""
+2026-11-29 at any size, before only below 32 MiB (the finding above was made then); under
+glibc's own settings a bucket that large is mapped afresh each step. 2**22 is also what Hugging
+Face's "auto" gives a 2048-wide model (hidden size squared). Each gradient element is still
+reduced once, whichever bucket holds it: with 2 ranks its sum is the same to the bit; with more,
+a ring all-reduce may add its terms in another order as bucket boundaries move, which can change
+its last bit."""
 
 
 class ZeroSpec(Section):
@@ -626,10 +626,10 @@ class LaunchSpec(Section):
     malloc: Malloc = Field(
         default="keep",
         description="What each rank's glibc malloc does with memory a step frees. keep: it "
-        "keeps it for the next step (GLIBC_TUNABLES: the mmap threshold at its 32 MiB limit, "
-        "no mappings of its own for larger blocks, no automatic trimming), so a step does not "
-        "page-fault its temporaries in again (a CPU step of an 8-layer MLP that frees its "
-        "gradients in 0.84 of the time in one process, of an MLP with a 64 MiB weight in 0.81; "
+        "keeps it for the next step (GLIBC_TUNABLES: no block mapped on its own, however "
+        "large, and no automatic trimming), so a step does not page-fault its temporaries in "
+        "again (a CPU step of an 8-layer MLP that frees its gradients in 0.84 of the time in "
+        "one process, of an MLP with a 64 MiB weight in 0.80; "
         "no difference resolved in 2-rank engine steps of the 8-layer MLP, which hardly fault); "
         "resident memory stays near its high point; it replaces a GLIBC_TUNABLES the ranks "
         "would inherit (set yours in launch.env, which wins). glibc: glibc's own settings, "
