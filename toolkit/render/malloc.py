@@ -23,7 +23,7 @@ gradient, a GPT-2 vocabulary's embedding) was still a fresh mapping each time. T
 now `mmap_max=0`, under which malloc maps no block of its own whatever the threshold (so none is
 set), and the trim threshold. A CPU step of an MLP 1024-4096-4096-10 (one 64 MiB weight, 64
 samples, SGD with momentum, one thread) page-faulted 16,385 times a step under glibc's settings
-and under the old ones alike, and not at all with `mmap_max=0`: 0.80 of the time (0.76-0.85 over
+and under the old ones alike, and not at all with `mmap_max=0`: 0.80 of the time (0.78-0.80 over
 4 pairs of launches); cloning a 64 MiB tensor took 4.3 ms against 35.3, with or without the
 threshold beside `mmap_max=0`. Where the main heap cannot grow (its address range taken), glibc
 still maps memory for it, and a thread whose own arena cannot hold a block gets it from the main
