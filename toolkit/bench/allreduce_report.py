@@ -18,6 +18,13 @@ def a_a_medians(data: dict[str, Any]) -> dict[str, dict[str, float]]:
     }
 
 
+def ratio_lines(data: dict[str, Any]) -> list[tuple[str, dict[str, float], bool]]:
+    """Each toolkit/raw ratio by size, then each raw path's A/A: (label, ratios, is the A/A)."""
+    toolkit = [(label, ratios, False) for label, ratios in data["toolkit_over_raw_busbw"].items()]
+    a_a = [(f"A/A: {label}", ratios, True) for label, ratios in a_a_medians(data).items()]
+    return toolkit + a_a
+
+
 def table(data: dict[str, Any]) -> str:
     series = data["series"]
     if not series:
@@ -31,12 +38,9 @@ def table(data: dict[str, Any]) -> str:
         lines.append(f"{entry['label'][:40]:40}{cells}{fit}")
     lines.append("")
     lines.append(f"{'toolkit busbw / raw busbw':40}{size_cells}")
-    for label, ratios in data["toolkit_over_raw_busbw"].items():
+    for label, ratios, _ in ratio_lines(data):
         cells = "".join(f"{ratios.get(str(s), math.nan):9.3f}" for s in sizes)
         lines.append(f"{label[:40]:40}{cells}")
-    for label, ratios in a_a_medians(data).items():
-        cells = "".join(f"{ratios.get(str(s), math.nan):9.3f}" for s in sizes)
-        lines.append(f"{('A/A: ' + label)[:40]:40}{cells}")
     for error in data["errors"]:
         lines.append(f"error: {error.splitlines()[0]}")
     return "\n".join(lines)
@@ -71,13 +75,13 @@ def plot(data: dict[str, Any], path: Path) -> Path:
     bandwidth.set_title(title + (" (memcpy: best of the sweeps)" if memcpy_done else ""))
     bandwidth.legend(fontsize="small", loc="upper left")
     bandwidth.grid(True, which="both", alpha=0.3)
-    for label, ratios in data["toolkit_over_raw_busbw"].items():
-        sizes = sorted(int(size) for size in ratios)
-        ratio.plot(sizes, [ratios[str(size)] for size in sizes], marker="o", label=label)
-    for label, ratios in a_a_medians(data).items():
+    for label, ratios, is_a_a in ratio_lines(data):
         sizes = sorted(int(size) for size in ratios)
         values = [ratios[str(size)] for size in sizes]
-        ratio.plot(sizes, values, ":", color="grey", linewidth=1, label=f"A/A: {label}")
+        line_style: dict[str, Any] = (
+            {"linestyle": ":", "color": "grey", "linewidth": 1} if is_a_a else {"marker": "o"}
+        )
+        ratio.plot(sizes, values, label=label, **line_style)
     ratio.axhline(1.0, color="black", linewidth=0.8)
     ratio.set_xscale("log", base=2)
     ratio.set_yscale("log")

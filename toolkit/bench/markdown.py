@@ -189,10 +189,13 @@ def allreduce_section(data: dict[str, Any], png: str) -> list[str]:
         ]
         for s in series
     ]
-    ratio_rows = [
-        [label, *(_f(ratios.get(str(s)), ".3f") for s in sizes)]
-        for label, ratios in data["toolkit_over_raw_busbw"].items()
-    ]
+
+    def ratio_rows(by_label: dict[str, dict[str, float]]) -> list[list[str]]:
+        return [
+            [label, *(_f(ratios.get(str(s)), ".3f") for s in sizes)]
+            for label, ratios in by_label.items()
+        ]
+
     lines = ["### Allreduce bus bandwidth (GB/s)", "", _machine(data), ""]
     lines += [*_table(head, rows), ""]
     lines += [
@@ -200,11 +203,9 @@ def allreduce_section(data: dict[str, Any], png: str) -> list[str]:
         "a new tensor, `run.allreduce_` reduces in place as the raw torch and Horovod calls do):",
         "",
     ]
-    lines += [*_table(["toolkit path", *(size_label(s) for s in sizes)], ratio_rows), ""]
-    a_a_rows = [
-        [label, *(_f(ratios.get(str(s)), ".3f") for s in sizes)]
-        for label, ratios in a_a_medians(data).items()
-    ]
+    toolkit_rows = ratio_rows(data["toolkit_over_raw_busbw"])
+    lines += [*_table(["toolkit path", *(size_label(s) for s in sizes)], toolkit_rows), ""]
+    a_a_rows = ratio_rows(a_a_medians(data))
     if a_a_rows:
         lines += [
             "A/A: each raw path against a second copy of itself in the same launch, the noise "

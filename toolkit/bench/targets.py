@@ -167,8 +167,8 @@ def allreduce_rows(data: dict[str, Any], source: str) -> Iterator[Row]:
     """Each launcher's toolkit path that matches its raw call: in place where it has one."""
     target = f"toolkit / raw allreduce busbw at {ALLREDUCE_SIZE // MIB} MiB ≥ {ALLREDUCE_BOUND}"
     ratios = data["toolkit_over_raw_busbw"]
-    spreads = data.get("toolkit_over_raw_spread", {})  # since 2026-11-29
-    again_spreads = data.get("raw_again_over_raw_spread", {})  # since 2026-11-29, later
+    spreads = data.get("toolkit_over_raw_spread", {})  # since the sixteenth session
+    again_spreads = data.get("raw_again_over_raw_spread", {})  # since the seventeenth session
     for sweep in SWEEPS:
         label = sweep.series.get("toolkit-inplace") or sweep.series["toolkit"]
         spread = spreads.get(label, {}).get(str(ALLREDUCE_SIZE))

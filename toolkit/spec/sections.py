@@ -185,11 +185,10 @@ and every page the gradients reach faults in anew (6,154 faults a step, 24 MiB, 
 glibc's own settings a bucket that large is mapped afresh each step. Kept, DeepSpeed's bucket
 faults no more, and a step with it still took 1.05 of the time with this one (ZeRO-2 1.052
 [1.007, 1.104], ZeRO-1 1.051 [0.939, 1.295]; docs/bench/settings-zero-default-bucket-keep.json).
-2**22 is also what Hugging
-Face's "auto" gives a 2048-wide model (hidden size squared). Each gradient element is still
-reduced once, whichever bucket holds it: with 2 ranks its sum is the same to the bit; with more,
-a ring all-reduce may add its terms in another order as bucket boundaries move, which can change
-its last bit."""
+2**22 is also what Hugging Face's "auto" gives a 2048-wide model (hidden size squared). Each
+gradient element is still reduced once, whichever bucket holds it: with 2 ranks its sum is the
+same to the bit; with more, a ring all-reduce may add its terms in another order as bucket
+boundaries move, which can change its last bit."""
 
 
 class ZeroSpec(Section):
