@@ -5,9 +5,15 @@ process: each launch is one child process that trains an MLP alone (one thread, 
 momentum, as the benches do), and launches alternate glibc's own settings and the toolkit's,
 pair by pair. Per model it prints one JSON line: per setting the median step in ms, the step-to-
 step spread (the 5th to 95th percentile, in ms) and the page faults per step, each the median
-over launches; and keep / glibc, the ratio of the two medians of each pair, median and range.
+over launches; and the second setting over the first (keep / glibc by default), the ratio of
+the two medians of each pair, median and range.
 
     .venv/bin/python scripts/malloc_probe.py [--pairs 4] [--steps 100] [--models 0 2] [--keep-grads]
+        [--settings keep keep+huge]
+
+--settings names the two settings to alternate (SETTINGS; glibc's own and the toolkit's by
+default); the ratio is the second over the first. `keep+huge` adds glibc's `hugetlb=1`, under
+which malloc asks the kernel for transparent huge pages (madvise) for the memory it takes.
 
 --keep-grads zeroes the gradients in place instead of freeing them, as a DDP step does (its
 gradients are views into its buckets): how much of the faulting is the freed gradients.
@@ -37,6 +43,17 @@ MODELS = {
     "GPT-2 shape (6 layers of 384, 6 heads), 8 x 64 tokens, AdamW": {"gpt": [6, 384], "n": 8},
     "MLP 1024-4096-4096-10 (a 64 MiB weight), 64 samples": {"mlp": [1024, 4096, 4096, 10], "n": 64},
 }
+
+
+def settings() -> dict[str, str]:
+    """GLIBC_TUNABLES by setting name ("" is glibc's own settings)."""
+    from toolkit.render.malloc import KEEP_FREED_MEMORY
+
+    return {
+        "glibc": "",
+        "keep": KEEP_FREED_MEMORY,
+        "keep+huge": f"{KEEP_FREED_MEMORY}:glibc.malloc.hugetlb=1",
+    }
 
 
 def build(model: dict):  # type: ignore[no-untyped-def]
@@ -91,12 +108,10 @@ def child(model: dict, warmup: int, steps: int, keep_grads: bool) -> dict[str, f
     }
 
 
-def launch(model: dict, args: argparse.Namespace, keep: bool) -> dict:
-    from toolkit.render.malloc import KEEP_FREED_MEMORY
-
+def launch(model: dict, args: argparse.Namespace, setting: str) -> dict:
     env = {name: value for name, value in os.environ.items() if name != "GLIBC_TUNABLES"}
-    if keep:
-        env["GLIBC_TUNABLES"] = KEEP_FREED_MEMORY
+    if tunables := settings()[setting]:
+        env["GLIBC_TUNABLES"] = tunables
     argv = [sys.executable, __file__, "--child", json.dumps(model)]
     argv += ["--warmup", str(args.warmup), "--steps", str(args.steps)]
     argv += ["--keep-grads"] if args.keep_grads else []
@@ -115,6 +130,13 @@ def main() -> None:
         help="zero the gradients in place (zero_grad(set_to_none=False)), as DDP's bucket views "
         "keep them, instead of freeing them every step",
     )
+    parser.add_argument(
+        "--settings",
+        nargs=2,
+        choices=sorted(settings()),
+        default=["glibc", "keep"],
+        help="the two settings to alternate; the ratio is the second's step over the first's",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--models", nargs="*", type=int, help="indexes into MODELS (default all)")
     args = parser.parse_args()
@@ -124,14 +146,15 @@ def main() -> None:
     for index, (name, model) in enumerate(MODELS.items()):
         if args.models and index not in args.models:
             continue
-        runs: dict[str, list[dict]] = {"glibc": [], "keep": []}
+        first, second = args.settings
+        runs: dict[str, list[dict]] = {first: [], second: []}
         for pair in range(args.pairs):
-            order = ("glibc", "keep") if pair % 2 == 0 else ("keep", "glibc")
+            order = (first, second) if pair % 2 == 0 else (second, first)
             for setting in order:
-                runs[setting].append(launch(model, args, setting == "keep"))
+                runs[setting].append(launch(model, args, setting))
         ratios = [
-            k["median_ms"] / g["median_ms"]
-            for k, g in zip(runs["keep"], runs["glibc"], strict=True)
+            b["median_ms"] / a["median_ms"]
+            for b, a in zip(runs[second], runs[first], strict=True)
         ]
         summary = {
             setting: {
@@ -147,7 +170,7 @@ def main() -> None:
                     "pairs": args.pairs,
                     "keep_grads": args.keep_grads,
                     **summary,
-                    "keep_over_glibc": {
+                    f"{second}_over_{first}": {
                         "median": round(statistics.median(ratios), 3),
                         "min": round(min(ratios), 3),
                         "max": round(max(ratios), 3),

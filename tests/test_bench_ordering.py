@@ -1,10 +1,12 @@
-"""The in-process bench's order of steps: every variant behind every other one equally often."""
+"""The benches' orders: every variant behind every other one equally often, and (the allreduce
+bench) every path's buffer at every place in memory."""
 
 from __future__ import annotations
 
 import pytest
 
 from toolkit.bench.ordering import carryover_balanced
+from toolkit.bench.ranks.toolkit_allreduce import allocation_order, rounds
 
 
 @pytest.mark.parametrize("count", [2, 3, 4, 5, 7])
@@ -19,3 +21,23 @@ def test_one_variant_runs_alone_and_none_is_refused() -> None:
     assert carryover_balanced(1) == [0]
     with pytest.raises(ValueError, match="at least 1"):
         carryover_balanced(0)
+
+
+@pytest.mark.parametrize("count", [2, 5, 6])
+def test_allreduce_allocation_order_puts_each_path_at_each_place_once_in_n_rounds(
+    count: int,
+) -> None:
+    paths = [f"path{index}" for index in range(count)]
+    orders = [allocation_order(paths, round_index) for round_index in range(count)]
+    assert all(sorted(order) == paths for order in orders)
+    for place in range(count):
+        assert sorted(order[place] for order in orders) == paths
+    assert allocation_order(paths, count) == orders[0]
+
+
+def test_allreduce_rounds_are_whole_and_give_every_path_its_blocks() -> None:
+    paths = ["raw", "toolkit", "memcpy"]
+    planned = rounds(paths, blocks=5)
+    # 3 paths: 2 blocks each a round, so 5 blocks take 3 whole rounds.
+    assert len(planned) == 3
+    assert all(sorted(order) == sorted(paths * 2) for order in planned)

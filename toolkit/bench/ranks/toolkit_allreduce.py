@@ -17,6 +17,15 @@ The blocks run in rounds, each an order in which every path follows every other 
 up to whole rounds. Until 2026-11-29 the order rotated (a b c d, b c d a, ...), which puts each
 path behind the same one in all but one block of n: the in-place toolkit path behind the copying
 one, the raw path behind memcpy.
+
+Every round allocates the paths' buffers afresh, in an order that rotates from round to round
+(`allocation_order`), so that each path's buffer sits at each place in memory as often as the
+others'. Where a 64 MiB buffer lies decides up to a tenth of its allreduce's time: with the
+buffers allocated once, in the paths' order, Horovod's raw call over MPI ran 0.90-0.93 of the
+speed of the same call on a buffer allocated later (its A/A 1.07-1.16 over 7 launches), and
+with the allocation order reversed, 1.09-1.11 (A/A 0.90-0.91; docs/bench/findings.md). Which
+place is slow, and why, varies; rotating takes it out of the ratios instead of guessing. memcpy,
+the physical limit and no ratio's side, keeps its buffers for the whole size.
 """
 
 from __future__ import annotations
@@ -53,11 +62,17 @@ def iterations(size: int, args: argparse.Namespace) -> int:
     return max(2, min(args.max_iterations, math.ceil(args.block_bytes / size)))
 
 
-def block_order(paths: list[str], blocks: int) -> list[str]:
+def rounds(paths: list[str], blocks: int) -> list[list[str]]:
     """Whole carryover-balanced rounds, enough that every path runs at least `blocks` blocks."""
     round_order = [paths[index] for index in carryover_balanced(len(paths))]
     per_round = round_order.count(paths[0])
-    return round_order * math.ceil(blocks / per_round)
+    return [round_order] * math.ceil(blocks / per_round)
+
+
+def allocation_order(paths: list[str], round_index: int) -> list[str]:
+    """The order round `round_index` allocates the paths' buffers in: rotated by one a round."""
+    shift = round_index % len(paths)
+    return paths[shift:] + paths[:shift]
 
 
 def time_block(operation: Callable[[], Any], count: int, barrier: Callable[[], None]) -> float:
@@ -78,18 +93,22 @@ def main() -> int:
     every_block: dict[str, dict[str, list[float]]] = {name: {} for name in seconds}
     for size in sizes:
         elements = max(1, size // 4)
-        operations = {name: make(elements) for name, make in makers.items()}
-        operations["memcpy"] = raw_paths.memcpy(elements)
+        memcpy = raw_paths.memcpy(elements)
         count = iterations(size, args)
-        for operation in operations.values():
-            operation()  # warm: first-touch pages, connections, Horovod's negotiation cache
-        blocks: dict[str, list[float]] = {name: [] for name in operations}
-        for name in block_order(list(operations), args.blocks):
-            blocks[name].append(time_block(operations[name], count, run.barrier))
+        blocks: dict[str, list[float]] = {name: [] for name in [*names, "memcpy"]}
+        for round_index, round_order in enumerate(rounds(list(blocks), args.blocks)):
+            operations = {
+                name: makers[name](elements) for name in allocation_order(names, round_index)
+            }
+            operations["memcpy"] = memcpy
+            for operation in operations.values():
+                operation()  # warm: first-touch pages, connections, Horovod's negotiation cache
+            for name in round_order:
+                blocks[name].append(time_block(operations[name], count, run.barrier))
+            del operations  # before the next round's buffers, which take the places it frees
         for name, measured in blocks.items():
             seconds[name][str(size)] = float(np.median(measured))
             every_block[name][str(size)] = measured
-        del operations
     if run.is_main:
         record = {
             "world": run.world_size,
