@@ -12,7 +12,9 @@ against block k of the raw one, which ran in the same round, with a bootstrap 95
 read 0.88-1.31 at 64 MiB for paths that make the same call, with 3 blocks of 2 operations.
 Every launch also times its raw path a second time, as a path of its own with its own buffer
 (`raw_again_over_raw_spread`, by the raw path's label): the A/A, how far two runs of the very
-same call read apart in that launch.
+same call read apart in that launch. Each round of blocks allocates the paths' buffers anew, in
+an order that rotates from round to round, since where a buffer lies moved its allreduce's time
+by up to a tenth (toolkit/bench/ranks/toolkit_allreduce.py).
 
 Bandwidth follows nccl-tests: algbw = bytes / time, busbw = algbw × 2(n-1)/n for allreduce
 (the fraction of the buffer each rank sends and receives in a ring); for 2 ranks busbw = algbw.

@@ -33,7 +33,11 @@ from toolkit.backends import torch_common as common
 from toolkit.backends import torch_state
 from toolkit.backends.base import Backend, LossFn, MetricFn, MicroBatch, StateShare
 from toolkit.backends.horovod.settings import check_world_size, export_environment
-from toolkit.backends.horovod.waiting import pending_gradient_handles, wait_quietly
+from toolkit.backends.horovod.waiting import (
+    pending_gradient_handles,
+    spin_budget,
+    wait_quietly,
+)
 from toolkit.backends.torch_data import TorchData
 from toolkit.checkpoint import CheckpointState
 from toolkit.errors import ToolkitError
@@ -125,23 +129,27 @@ class HorovodTorchBackend(TorchData, Backend):
 
     def allreduce(self, value: Any, op: str = "mean") -> Any:
         reduce_op = hvd.Average if op == "mean" else hvd.Sum
-        handle = hvd.allreduce_async(common.to_tensor(value), op=reduce_op)
-        wait_quietly([handle])
-        return hvd.synchronize(handle)
+        tensor = common.to_tensor(value)
+        return self._finish(hvd.allreduce_async(tensor, op=reduce_op), tensor)
 
     def allreduce_(self, tensor: Any, op: str = "mean") -> Any:
         reduce_op = hvd.Average if op == "mean" else hvd.Sum
-        handle = hvd.allreduce_async_(common.in_place_target(tensor, op), op=reduce_op)
-        wait_quietly([handle])
-        return hvd.synchronize(handle)
+        target = common.in_place_target(tensor, op)
+        return self._finish(hvd.allreduce_async_(target, op=reduce_op), target)
 
     def broadcast(self, value: Any, root: int = 0) -> Any:
-        handle = hvd.broadcast_async(common.to_tensor(value), root_rank=root)
-        wait_quietly([handle])
-        return hvd.synchronize(handle)
+        tensor = common.to_tensor(value)
+        return self._finish(hvd.broadcast_async(tensor, root_rank=root), tensor)
 
     def barrier(self) -> None:
         hvd.barrier()
+
+    def _finish(self, handle: Any, tensor: torch.Tensor) -> Any:
+        """Wait for one collective on `tensor` (spinning as long as its bytes could take, over
+        MPI; see waiting.py) and return its result."""
+        nbytes = tensor.nelement() * tensor.element_size()
+        wait_quietly([handle], spin_s=spin_budget(nbytes, over_mpi=hvd.mpi_enabled()))
+        return hvd.synchronize(handle)
 
     def shutdown(self) -> None:
         hvd.shutdown()

@@ -20,12 +20,13 @@ one, the raw path behind memcpy.
 
 Every round allocates the paths' buffers afresh, in an order that rotates from round to round
 (`allocation_order`), so that each path's buffer sits at each place in memory as often as the
-others'. Where a 64 MiB buffer lies decides up to a tenth of its allreduce's time: with the
-buffers allocated once, in the paths' order, Horovod's raw call over MPI ran 0.90-0.93 of the
-speed of the same call on a buffer allocated later (its A/A 1.07-1.16 over 7 launches), and
-with the allocation order reversed, 1.09-1.11 (A/A 0.90-0.91; docs/bench/findings.md). Which
-place is slow, and why, varies; rotating takes it out of the ratios instead of guessing. memcpy,
-the physical limit and no ratio's side, keeps its buffers for the whole size.
+others'. Where a 64 MiB buffer lies moves its allreduce's time by up to a tenth: with the
+buffers allocated once, in the paths' order, Horovod's raw call over MPI on the buffer
+allocated last (the A/A) read 0.99-1.16 of the same call's bandwidth on the first over 5
+launches, and with the allocation order reversed 0.90-0.91 over 3 (docs/bench/findings.md).
+Why one place is slower than another was not found; rotating takes it out of the ratios
+whatever it is. memcpy, the physical limit and neither side of a ratio, keeps its buffers for
+the whole size.
 """
 
 from __future__ import annotations
