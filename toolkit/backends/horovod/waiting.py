@@ -1,4 +1,4 @@
-"""Waiting for Horovod's torch operations without spinning a core.
+"""Waiting for Horovod's torch operations without spinning a core on a late or stalled peer.
 
 Finding: Horovod 0.28's `synchronize(handle)` waits in a `sched_yield` loop
 (`WaitAndClear` in horovod/torch/mpi_ops_v2.cc). While a peer is late, stalled or dead, the
