@@ -50,12 +50,15 @@ COMPRESSION = {"Compression.none": hvd.Compression.none, "Compression.fp16": hvd
 class HorovodTorchBackend(TorchData, Backend):
     model: torch.nn.Module
     optimizer: Any
+    over_mpi: bool
+    """Whether Horovod's controller is MPI's (asked of Horovod once, after `hvd.init()`)."""
 
     def setup(self) -> None:
         common.configure_threads(self.spec, self.env)
         export_environment(self.spec, self.env)
         hvd.init()
         check_world_size(hvd.size(), self.env)
+        self.over_mpi = hvd.mpi_enabled()
         if self.spec.precision == "fp16":
             raise ToolkitError(
                 "precision='fp16' with backend horovod is not supported: Horovod has no loss "
@@ -148,7 +151,7 @@ class HorovodTorchBackend(TorchData, Backend):
         """Wait for one collective on `tensor` (spinning as long as its bytes could take, over
         MPI; see waiting.py) and return its result."""
         nbytes = tensor.nelement() * tensor.element_size()
-        wait_quietly([handle], spin_s=spin_budget(nbytes, over_mpi=hvd.mpi_enabled()))
+        wait_quietly([handle], spin_s=spin_budget(nbytes, over_mpi=self.over_mpi))
         return hvd.synchronize(handle)
 
     def shutdown(self) -> None:
