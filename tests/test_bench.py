@@ -395,6 +395,8 @@ def test_reports_write_tables_pngs_and_markdown(tmp_path: Path) -> None:
     (tmp_path / "step-in-process.json").write_text(json.dumps(step))
     (tmp_path / "step-in-process-zero.json").write_text(json.dumps(step))
     (tmp_path / "allreduce.json").write_text(json.dumps(sweep))
+    pooled = {**sweep, "launches": {"ddp/mpirun": 16}}
+    (tmp_path / "allreduce-resolve.json").write_text(json.dumps(pooled))
     (tmp_path / "findings.md").write_text("## Findings\n\nsomething measured\n")
     pipeline = {
         "kind": "bubble",
@@ -429,6 +431,10 @@ def test_reports_write_tables_pngs_and_markdown(tmp_path: Path) -> None:
     assert "toolkit / floor" in text and "| 40.0 + 3.5 |" in text
     assert "floor = compute + move" in step_report.table(step)
     assert "![allreduce](docs/bench/allreduce.png)" in text
+    sweeps = [line for line in text.splitlines() if line.startswith("### Allreduce")]
+    assert sweeps == [f"### {title}" for title in markdown.ALLREDUCE_TITLES.values()]
+    assert "![allreduce](docs/bench/allreduce-resolve.png)" in text
+    assert "Each sweep launched 16 times" in text
     assert "| torch.distributed gloo | 0.998 | 0.998 |" in text
     titles = [line for line in text.splitlines() if line.startswith("### Step")]
     assert titles == [
@@ -689,3 +695,28 @@ def test_a_benchs_context_names_the_commit_and_the_minutes_it_ran() -> None:
     json.dumps(finished)  # what every bench writes must be JSON
     if "cpu family" in Path("/proc/cpuinfo").read_text():
         assert " family " in finished["cpu"] and " model " in finished["cpu"]
+
+
+def test_a_one_size_allreduce_run_is_plotted_launch_by_launch(tmp_path: Path) -> None:
+    size = str(64 << 20)
+    launches = [
+        {"raw": {size: [1.0, 1.0, 1.0]}, "toolkit": {size: [1.0, 0.98, 1.02]}},
+        {"raw": {size: [1.1, 1.0, 1.2]}, "toolkit": {size: [1.0, 1.0, 1.0]}},
+    ]
+    figures = allreduce.launch_medians(launches, "raw", "toolkit")[size]
+    assert figures == [1.0, 1.1]
+    series = [allreduce.series_record("toolkit ddp (gloo)", "toolkit", {size: 0.03}, 2)]
+    data = {
+        **_allreduce_data(),
+        "series": series,
+        "toolkit_over_raw_spread": {
+            "toolkit ddp (gloo)": allreduce.paired_ratios(launches, "raw", "toolkit")
+        },
+        "toolkit_over_raw_launches": {"toolkit ddp (gloo)": {size: figures}},
+        "raw_again_over_raw_launches": {},
+        "launches": {"ddp/mpirun": 2},
+    }
+    [(label, spread, each)] = allreduce_report.launch_rows(data)
+    assert (label, each, spread["n"]) == ("toolkit ddp (gloo)", [1.0, 1.1], 2)
+    png = allreduce_report.plot(data, tmp_path / "allreduce-resolve.png")
+    assert png.read_bytes()[:8] == PNG_SIGNATURE

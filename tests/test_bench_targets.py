@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import pytest
+
 from toolkit.bench import runs, stats, targets
 from toolkit.units import MIB
 
@@ -127,15 +129,34 @@ def test_the_allreduce_is_judged_with_its_interval_where_the_run_kept_one() -> N
     assert rows["toolkit horovod (Gloo), in place"].verdict == targets.NOT_RUN
 
 
+def _launch(raw: list[float], toolkit: list[float]) -> dict[str, dict[str, list[float]]]:
+    return {"raw": {"4096": raw}, "toolkit": {"4096": toolkit}}
+
+
 def test_the_allreduce_ratio_pairs_the_blocks_of_the_same_round() -> None:
     from toolkit.bench.allreduce import paired_ratios
 
     # The toolkit's second block ran while the machine was busy, and so did the raw one of the
     # same round: their ratio is 1 like the others, where the ratio of medians would read 0.75.
-    spread = paired_ratios({"4096": [1.0, 4.0, 1.0]}, {"4096": [1.0, 4.0, 1.0]})["4096"]
-    assert (spread["median"], spread["low"], spread["high"], spread["n"]) == (1.0, 1.0, 1.0, 3)
-    halves = paired_ratios({"4096": [2.0, 2.0]}, {"4096": [1.0, 4.0]})
-    assert halves["4096"]["median"] == 1.25  # (2/1 + 2/4) / 2
+    busy = [_launch([1.0, 4.0, 1.0], [1.0, 4.0, 1.0])]
+    spread = paired_ratios(busy, "raw", "toolkit")["4096"]
+    assert (spread["median"], spread["low"], spread["high"], spread["n"]) == (1.0, 1.0, 1.0, 1)
+    halves = paired_ratios([_launch([2.0, 2.0], [1.0, 4.0])], "raw", "toolkit")["4096"]
+    assert halves["median"] == pytest.approx(1.0)  # ratios 2 and 1/2: the middle on a log scale
+
+
+def test_the_allreduce_ratio_pools_launches_and_widens_when_they_disagree() -> None:
+    from toolkit.bench.allreduce import paired_ratios
+
+    # Each launch is sure of its own figure (every block agrees); the launches are not.
+    fast, slow = _launch([1.1] * 5, [1.0] * 5), _launch([0.9] * 5, [1.0] * 5)
+    spread = paired_ratios([fast, slow], "raw", "toolkit")["4096"]
+    assert spread["n"] == 2
+    assert (spread["low"], spread["high"]) == pytest.approx((0.9, 1.1))
+    assert spread["median"] == pytest.approx((1.1 * 0.9) ** 0.5)
+    assert spread["ci_low"] < 0.95 and spread["ci_high"] > 1.05
+    agreeing = paired_ratios([fast, fast], "raw", "toolkit")["4096"]
+    assert agreeing["ci_high"] - agreeing["ci_low"] == pytest.approx(0.0, abs=1e-4)
 
 
 def test_the_allreduce_row_shows_the_raw_paths_a_a_beside_the_toolkits_ratio() -> None:
@@ -266,3 +287,57 @@ def test_bench_all_launches_on_the_adapter_cases_it_left_short_of_met() -> None:
     assert f"{argv[argv.index('--name') + 1]}.json" == targets.RESOLVING_RUN
     assert "--resolve" in argv and "--in-process" in argv
     assert runs.resolve_run("spec.yaml", "out", {"cases": [met]}) is None
+
+
+def _allreduce_run(date: str, ranks: int, **medians: float) -> dict[str, Any]:
+    """An allreduce.json with these toolkit paths' ratios at the target's size (±0.01)."""
+    size = str(targets.ALLREDUCE_SIZE)
+    spreads = {
+        label: {size: allreduce_spread(median, median - 0.01, median + 0.01)}
+        for label, median in medians.items()
+    }
+    return {
+        "machine": {**MACHINE, "date": date},
+        "ranks": ranks,
+        "toolkit_over_raw_busbw": {},
+        "toolkit_over_raw_spread": spreads,
+    }
+
+
+DDP_IN_PLACE, TF_RING = "toolkit ddp (gloo), in place", "toolkit tf (ring)"
+
+
+def test_a_newer_allreduce_resolving_run_replaces_the_rows_it_measured() -> None:
+    headline = _allreduce_run("2026-11-28T06:00:00+00:00", 2, **{DDP_IN_PLACE: 0.97, TF_RING: 0.99})
+    newer = _allreduce_run("2026-11-29T06:00:00+00:00", 2, **{DDP_IN_PLACE: 1.01})
+    runs_read = {"allreduce.json": headline, targets.ALLREDUCE_RESOLVING_RUN: newer}
+    rows = {row.subject: row for row in targets.rows(runs_read)}
+    assert rows[DDP_IN_PLACE].verdict == targets.MET
+    assert rows[DDP_IN_PLACE].source == f"`{targets.ALLREDUCE_RESOLVING_RUN}`, 2026-11-29"
+    # What the resolving run did not launch keeps its row from the size sweep.
+    assert rows[TF_RING].source == "`allreduce.json`, 2026-11-28"
+    assert rows["toolkit horovod (MPI), in place"].verdict == targets.NOT_RUN
+    assert targets.ALLREDUCE_RESOLVING_RUN in "".join(targets.section(runs_read))
+    older = _allreduce_run("2026-11-27T06:00:00+00:00", 2, **{DDP_IN_PLACE: 1.01})
+    more_ranks = _allreduce_run("2026-11-29T06:00:00+00:00", 4, **{DDP_IN_PLACE: 1.01})
+    for resolving in (older, more_ranks):
+        runs_read = {"allreduce.json": headline, targets.ALLREDUCE_RESOLVING_RUN: resolving}
+        rows = {row.subject: row for row in targets.rows(runs_read)}
+        assert rows[DDP_IN_PLACE].verdict == targets.MISSED
+        assert targets.ALLREDUCE_RESOLVING_RUN not in "".join(targets.section(runs_read))
+
+
+def test_bench_all_launches_on_the_allreduce_sweeps_it_left_short_of_met() -> None:
+    headline = _allreduce_run(
+        "2026-11-28T06:00:00+00:00", 2, **{DDP_IN_PLACE: 1.05, TF_RING: 0.985}
+    )
+    argv = runs.resolve_allreduce_run("out", headline)
+    assert argv is not None
+    # TF's interval reaches below 0.98, and the Horovod sweeps were not measured: all three.
+    sweeps = argv[argv.index("--sweeps") + 1 : argv.index("--name")]
+    assert sweeps == ["horovod-mpi/horovodrun", "horovod-gloo/horovodrun", "tf/local"]
+    assert f"{argv[argv.index('--name') + 1]}.json" == targets.ALLREDUCE_RESOLVING_RUN
+    assert argv[argv.index("--sizes") + 1] == str(64 * MIB)
+    met = {label: 1.05 for label in (DDP_IN_PLACE, TF_RING)}
+    met["toolkit horovod (MPI), in place"] = met["toolkit horovod (Gloo), in place"] = 1.05
+    assert runs.resolve_allreduce_run("out", _allreduce_run(MACHINE["date"], 2, **met)) is None

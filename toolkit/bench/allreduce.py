@@ -6,10 +6,12 @@ Each sweep is one launch of 2 ranks through a real launcher: the toolkit starts 
 toolkit's `run.allreduce` and the engine's own call (and any other raw path that launcher
 gives, e.g. mpi4py under mpirun). So toolkit/raw is a ratio taken side by side in the same
 processes, and the raw paths of different sweeps are compared through their bandwidths.
-Each size's toolkit/raw is the median of its blocks' ratios, block k of the toolkit's path
-against block k of the raw one, which ran in the same round, with a bootstrap 95% interval
+Each size's toolkit/raw, in one launch, is the median of its blocks' ratios, block k of the
+toolkit's path against block k of the raw one, which ran in the same round
 (`toolkit_over_raw_spread`). The ratio of the two paths' median blocks, which this replaced,
 read 0.88-1.31 at 64 MiB for paths that make the same call, with 3 blocks of 2 operations.
+`--launches N` launches every sweep N times and pools them (`paired_ratios`), since one
+launch of 25 blocks resolves a 64 MiB ratio to about ±5% here and the target is 2%.
 Every launch also times its raw path a second time, as a path of its own with its own buffer
 (`raw_again_over_raw_spread`, by the raw path's label): the A/A, how far two runs of the very
 same call read apart in that launch. Each round of blocks allocates the paths' buffers anew, in
@@ -144,65 +146,112 @@ def run_sweeps(
     sizes: list[int],
     *,
     blocks: int,
+    launches: int = 1,
     ranks: int = 2,
     sweeps: tuple[Sweep, ...] = SWEEPS,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Every sweep's launch; the series by label, the toolkit/raw ratios, errors."""
+    """Every sweep launched `launches` times, in turns (each sweep once, then each again, so
+    that a slow spell of the machine falls on all of them); the series by label, the
+    toolkit/raw ratios with the launches pooled, errors."""
+    written: dict[str, list[dict[str, Any]]] = {sweep.name: [] for sweep in sweeps}
+    errors: list[str] = []
+    for launch in range(launches):
+        for index, sweep in enumerate(sweeps):
+            turn = f" (launch {launch + 1} of {launches})" if launches > 1 else ""
+            log(f"{sweep.name}{turn}: {', '.join(sweep.series.values())}")
+            directory = work / f"launch{launch}" / f"sweep{index}"
+            result = launch_sweep(sweep, directory, sizes, blocks=blocks, ranks=ranks)
+            if isinstance(result, str):
+                log(f"  FAILED: {result.splitlines()[0]}")
+                errors.append(f"{sweep.name}{turn}: {result}")
+                continue
+            written[sweep.name].append(result["blocks"])
     series: list[dict[str, Any]] = []
     ratios: dict[str, dict[str, float]] = {}
     spreads: dict[str, dict[str, dict[str, Any]]] = {}
     again_spreads: dict[str, dict[str, dict[str, Any]]] = {}
-    errors: list[str] = []
-    for index, sweep in enumerate(sweeps):
-        spec = sweep_spec(sweep, ranks)
-        directory = work / f"sweep{index}"
-        directory.mkdir(parents=True)
-        out = directory / "sweep.json"
-        again = sweep.reference + AGAIN
-        paths = [*sweep.series, again]
-        args = ["--paths", ",".join(paths), "--sizes", ",".join(map(str, sizes))]
-        args += ["--blocks", str(blocks), "--out", str(out)]
-        log(f"{sweep.name}: {', '.join(sweep.series.values())}")
-        outcome = launch_with_spec(spec, directory, RANK_PROGRAM, args, timeout=SWEEP_TIMEOUT_S)
-        reason = failure(outcome, wrote=out.exists(), missing="no results written")
-        if reason:
-            log(f"  FAILED: {reason.splitlines()[0]}")
-            errors.append(f"{sweep.name}: {reason}")
+    each_launch: dict[str, dict[str, list[float]]] = {}
+    again_each_launch: dict[str, dict[str, list[float]]] = {}
+    for sweep in sweeps:
+        timed = written[sweep.name]
+        if not timed:
             continue
-        written = json.loads(out.read_text())
-        measured = written["seconds"]
         for path, label in sweep.series.items():
-            series.append(series_record(label, path, measured[path], ranks))
-        series.append(
-            series_record(f"memcpy, 1 core ({sweep.name})", "memcpy", measured["memcpy"], ranks)
-        )
-        timed = written["blocks"]
+            series.append(series_record(label, path, pooled_seconds(timed, path), ranks))
+        memcpy = f"memcpy, 1 core ({sweep.name})"
+        series.append(series_record(memcpy, "memcpy", pooled_seconds(timed, "memcpy"), ranks))
         for path in (path for path in sweep.series if path in TOOLKIT_PATHS):
             label = sweep.series[path]
-            spreads[label] = paired_ratios(timed[sweep.reference], timed[path])
+            spreads[label] = paired_ratios(timed, sweep.reference, path)
+            each_launch[label] = launch_medians(timed, sweep.reference, path)
             ratios[label] = {size: spread["median"] for size, spread in spreads[label].items()}
-        again_spreads[sweep.series[sweep.reference]] = paired_ratios(
-            timed[sweep.reference], timed[again]
-        )
+        again, raw_label = sweep.reference + AGAIN, sweep.series[sweep.reference]
+        again_spreads[raw_label] = paired_ratios(timed, sweep.reference, again)
+        again_each_launch[raw_label] = launch_medians(timed, sweep.reference, again)
     return {
         "series": series,
         "toolkit_over_raw_busbw": ratios,
         "toolkit_over_raw_spread": spreads,
         "raw_again_over_raw_spread": again_spreads,
+        "toolkit_over_raw_launches": each_launch,
+        "raw_again_over_raw_launches": again_each_launch,
+        "launches": {sweep.name: len(written[sweep.name]) for sweep in sweeps},
         "errors": errors,
         "ranks": ranks,
     }
 
 
-def paired_ratios(
-    raw: dict[str, list[float]], other: dict[str, list[float]]
-) -> dict[str, dict[str, Any]]:
-    """Size -> the spread of `other`'s busbw / raw busbw over the blocks of the same round:
-    raw seconds / other seconds, block by block."""
+def launch_sweep(
+    sweep: Sweep, directory: Path, sizes: list[int], *, blocks: int, ranks: int
+) -> dict[str, Any] | str:
+    """One launch of `sweep`: what its rank program wrote, or why it wrote nothing."""
+    spec = sweep_spec(sweep, ranks)
+    directory.mkdir(parents=True)
+    out = directory / "sweep.json"
+    paths = [*sweep.series, sweep.reference + AGAIN]
+    args = ["--paths", ",".join(paths), "--sizes", ",".join(map(str, sizes))]
+    args += ["--blocks", str(blocks), "--out", str(out)]
+    outcome = launch_with_spec(spec, directory, RANK_PROGRAM, args, timeout=SWEEP_TIMEOUT_S)
+    reason = failure(outcome, wrote=out.exists(), missing="no results written")
+    return reason or json.loads(out.read_text())
+
+
+Blocks = dict[str, dict[str, list[float]]]
+"""What one launch timed: path -> size -> its blocks' seconds per operation."""
+
+
+def pooled_seconds(launches: list[Blocks], path: str) -> dict[str, float]:
+    """Size -> the median block's seconds of `path` over every launch's blocks."""
     return {
-        size: stats.spread(
-            [raw_s / other_s for raw_s, other_s in zip(raw[size], other[size], strict=True)]
-        ).to_json()
-        for size in other
+        size: stats.median([s for launch in launches for s in launch[path][size]])
+        for size in launches[0][path]
     }
+
+
+def paired_ratios(launches: list[Blocks], raw: str, other: str) -> dict[str, dict[str, Any]]:
+    """Size -> `other`'s busbw / `raw`'s busbw: within a launch, raw seconds / other seconds
+    of the blocks of the same round; the launches pooled as the in-process step bench pools
+    its (stats.combine_launches: each launch's median ratio, weighted by how well its blocks
+    fix it, with the launches' disagreement added to the interval). One launch's interval says
+    only how well its blocks fix its figure: where each buffer lies moves a launch's figure by
+    a few percent (toolkit/bench/ranks/toolkit_allreduce.py), which only more launches see."""
+    return {
+        size: stats.combine_launches(
+            [block_ratios(launch, raw, other, size) for launch in launches]
+        ).to_json()
+        for size in launches[0][other]
+    }
+
+
+def launch_medians(launches: list[Blocks], raw: str, other: str) -> dict[str, list[float]]:
+    """Size -> each launch's own figure for `other` / `raw`: its median block ratio."""
+    return {
+        size: [stats.median(block_ratios(launch, raw, other, size)) for launch in launches]
+        for size in launches[0][other]
+    }
+
+
+def block_ratios(launch: Blocks, raw: str, other: str, size: str) -> list[float]:
+    """`other`'s busbw / `raw`'s in one launch, block by block of the same round."""
+    return [r / o for r, o in zip(launch[raw][size], launch[other][size], strict=True)]

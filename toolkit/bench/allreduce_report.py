@@ -46,7 +46,22 @@ def table(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def launch_rows(data: dict[str, Any]) -> list[tuple[str, dict[str, Any], list[float]]]:
+    """Each ratio at the run's one size: (label, its pooled spread, each launch's figure), the
+    toolkit paths, then the A/As (runs since the nineteenth session keep the launches')."""
+    found = []
+    for prefix, key in (("", "toolkit_over_raw"), ("A/A: ", "raw_again_over_raw")):
+        for label, by_size in data.get(f"{key}_launches", {}).items():
+            for size, figures in by_size.items():
+                found.append((prefix + label, data[f"{key}_spread"][label][size], figures))
+    return found
+
+
 def plot(data: dict[str, Any], path: Path) -> Path:
+    """Bus bandwidth and toolkit/raw by size; for a run of one size (the target's, launched
+    again and again), each ratio launch by launch instead (`launches_plot`)."""
+    if len({size for entry in data["series"] for size in entry["sizes"]}) == 1:
+        return launches_plot(data, path)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -87,10 +102,66 @@ def plot(data: dict[str, Any], path: Path) -> Path:
     ratio.set_yscale("log")
     ratio.set_ylabel("toolkit / raw busbw")
     ratio.set_xlabel("message size, bytes")
-    ratio.legend(fontsize="small")
+    # Below the panel: inside it, the legend covered the ratios it names.
+    ratio.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=2)
     ratio.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def launches_plot(data: dict[str, Any], path: Path) -> Path:
+    """Each toolkit/raw ratio and A/A of a one-size run: every launch's figure as a dot, the
+    pooled figure with its 95% interval as a bar, against 1 and the target's bound."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from toolkit.bench.targets import ALLREDUCE_BOUND
+
+    rows = launch_rows(data)
+    fig, axes = plt.subplots(figsize=(9, 1.5 + 0.45 * len(rows)))
+    for y, (_, spread, figures) in enumerate(rows):
+        first = y == 0  # one legend entry each
+        axes.plot(
+            figures,
+            [y] * len(figures),
+            "o",
+            color="tab:blue",
+            alpha=0.5,
+            markersize=4,
+            label="one launch" if first else None,
+        )
+        below, above = spread["median"] - spread["ci_low"], spread["ci_high"] - spread["median"]
+        axes.errorbar(
+            spread["median"],
+            y,
+            xerr=[[below], [above]],
+            fmt="D",
+            color="black",
+            capsize=4,
+            label="pooled, 95% interval" if first else None,
+        )
+    axes.axvline(1.0, color="black", linewidth=0.8)
+    axes.axvline(
+        ALLREDUCE_BOUND, color="tab:red", linestyle="--", linewidth=0.8, label="target's bound"
+    )
+    axes.set_yticks(range(len(rows)), [label for label, _, _ in rows])
+    axes.invert_yaxis()
+    axes.set_xlabel("busbw / raw busbw")
+    axes.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3)
+    sizes = sorted({size for entry in data["series"] for size in entry["sizes"]})
+    launches = max(data.get("launches", {}).values(), default=1)
+    axes.set_title(
+        f"allreduce at {', '.join(map(size_label, sizes))}, {data['ranks']} ranks, "
+        f"{launches} launches, {data['machine']['date'][:10]}"
+    )
+    axes.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path

@@ -175,7 +175,31 @@ def step_section(data: dict[str, Any], title: str, png: str) -> list[str]:
     return lines
 
 
-def allreduce_section(data: dict[str, Any], png: str) -> list[str]:
+ALLREDUCE_TITLES = {
+    "allreduce": "Allreduce bus bandwidth (GB/s)",
+    "allreduce-resolve": "Allreduce at the target's size, launched again and again (GB/s)",
+}
+
+
+def allreduce_title(stem: str) -> str:
+    return ALLREDUCE_TITLES.get(stem) or f"Allreduce bus bandwidth (GB/s): {stem}"
+
+
+def _launches_sentence(data: dict[str, Any]) -> list[str]:
+    """How many launches the ratios pool (runs since the nineteenth session record it)."""
+    counts = sorted(set(data.get("launches", {}).values()))
+    if not counts or counts == [1]:
+        return []
+    each = "-".join(map(str, (counts[0], counts[-1]) if len(counts) > 1 else counts))
+    return [
+        f"Each sweep launched {each} times, the sweeps in turns; every ratio pools the launches "
+        "(each launch's median block ratio, weighted by how well its blocks fix it, the "
+        "launches' disagreement added to the interval).",
+        "",
+    ]
+
+
+def allreduce_section(data: dict[str, Any], title: str, png: str) -> list[str]:
     series = data["series"]
     sizes = series[0]["sizes"] if series else []
 
@@ -196,7 +220,7 @@ def allreduce_section(data: dict[str, Any], png: str) -> list[str]:
             for label, ratios in by_label.items()
         ]
 
-    lines = ["### Allreduce bus bandwidth (GB/s)", "", _machine(data), ""]
+    lines = [f"### {title}", "", _machine(data), "", *_launches_sentence(data)]
     lines += [*_table(head, rows), ""]
     lines += [
         "Toolkit busbw / the raw path it goes through, same processes (`run.allreduce` returns "
@@ -362,8 +386,10 @@ def render(directory: Path, *, image_prefix: str) -> str:
     lines += ["## Figures", ""]
     for stem, title in step_titles(runs.keys()).items():
         lines += step_section(runs[f"{stem}.json"], title, f"{image_prefix}{stem}.png")
-    if "allreduce.json" in runs:
-        lines += allreduce_section(runs["allreduce.json"], f"{image_prefix}allreduce.png")
+    sweeps = [name for name in runs if runs[name].get("kind") == "allreduce"]
+    for name in sorted(sweeps, key=lambda name: (name != "allreduce.json", name)):
+        stem = name.removesuffix(".json")
+        lines += allreduce_section(runs[name], allreduce_title(stem), f"{image_prefix}{stem}.png")
     for name in sorted(name for name in runs if name.startswith("memory")):
         lines += memory_section(runs[name])
     if "bubble.json" in runs:

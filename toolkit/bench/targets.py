@@ -15,8 +15,10 @@ median):
   tell the two apart;
 - missed: the median is on the wrong side.
 
-An allreduce's ratio is the median of its blocks' ratios with a bootstrap interval (before
-2026-11-29 the ratio of the median blocks, without one). A figure without an interval (one
+An allreduce's ratio pools its launches' block ratios as the in-process step pools its cycles
+(toolkit.bench.allreduce.paired_ratios; before the nineteenth session, one launch's median
+block ratio with a bootstrap interval, and before 2026-11-29 the ratio of the median blocks,
+without one). A figure without an interval (one
 census of memory, a bubble's median over steps) is met or missed. None of this is asserted in
 a test: the machine's speed is read, never enforced.
 """
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from toolkit.bench import stats
-from toolkit.bench.allreduce import SWEEPS
+from toolkit.bench.allreduce import SWEEPS, Sweep
 from toolkit.engines import engine
 from toolkit.units import MIB
 
@@ -163,14 +165,20 @@ def floor_rows(data: dict[str, Any], source: str) -> Iterator[Row]:
         )
 
 
+def allreduce_subject(sweep: Sweep) -> str:
+    """The toolkit path whose ratio the target reads for `sweep`: the one that matches the raw
+    call, in place where the sweep has one."""
+    return sweep.series.get("toolkit-inplace") or sweep.series["toolkit"]
+
+
 def allreduce_rows(data: dict[str, Any], source: str) -> Iterator[Row]:
-    """Each launcher's toolkit path that matches its raw call: in place where it has one."""
+    """Each launcher's toolkit path that matches its raw call (`allreduce_subject`)."""
     target = f"toolkit / raw allreduce busbw at {ALLREDUCE_SIZE // MIB} MiB ≥ {ALLREDUCE_BOUND}"
     ratios = data["toolkit_over_raw_busbw"]
     spreads = data.get("toolkit_over_raw_spread", {})  # since the sixteenth session
     again_spreads = data.get("raw_again_over_raw_spread", {})  # since the seventeenth session
     for sweep in SWEEPS:
-        label = sweep.series.get("toolkit-inplace") or sweep.series["toolkit"]
+        label = allreduce_subject(sweep)
         spread = spreads.get(label, {}).get(str(ALLREDUCE_SIZE))
         if spread:
             again = again_spreads.get(sweep.series[sweep.reference], {}).get(str(ALLREDUCE_SIZE))
@@ -222,6 +230,42 @@ RESOLVING_RUN = "step-in-process-resolve.json"
 first in-process run left short of met (toolkit.bench.runs.resolve_run). When it is newer than
 step-in-process.json, each of its cases with the same workload replaces that case's row."""
 
+ALLREDUCE_RESOLVING_RUN = "allreduce-resolve.json"
+"""Where `toolkit bench all` launches the allreduce sweeps its size sweep left short of met
+again and again at ALLREDUCE_SIZE alone (toolkit.bench.runs.resolve_allreduce_run): one launch
+resolves that ratio to about ±5% here, and a sweep of every size launched that often would take
+hours. When it is newer than allreduce.json and ran as many ranks, its rows replace that file's."""
+
+
+def _same_workloads(headline: dict[str, Any], resolving: dict[str, Any]) -> dict[str, Any]:
+    same = {
+        case
+        for case, workload in resolving["workloads"].items()
+        if headline["workloads"].get(case) == workload
+    }
+    return {"cases": [case for case in resolving["cases"] if case["case"] in same]}
+
+
+def _same_ranks(headline: dict[str, Any], resolving: dict[str, Any]) -> dict[str, Any]:
+    return resolving if resolving["ranks"] == headline["ranks"] else {"toolkit_over_raw_busbw": {}}
+
+
+@dataclass(frozen=True)
+class ResolvingRun:
+    """A run that launches on where a headline file's run left targets short of met."""
+
+    name: str
+    headline: str
+    read: Callable[[dict[str, Any], str], Iterator[Row]]
+    comparable: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]
+    """(headline, resolving) -> the part of the resolving run measured as the headline was."""
+
+
+RESOLVING_RUNS = (
+    ResolvingRun(RESOLVING_RUN, "step-in-process.json", adapter_rows, _same_workloads),
+    ResolvingRun(ALLREDUCE_RESOLVING_RUN, "allreduce.json", allreduce_rows, _same_ranks),
+)
+
 
 def _source(runs: dict[str, dict[str, Any]], name: str) -> str:
     return f"`{name}`, {_date(runs[name])}"
@@ -231,29 +275,30 @@ def _date(data: dict[str, Any]) -> str:
     return str(data["machine"]["date"])[:10]
 
 
-def _resolved_rows(runs: dict[str, dict[str, Any]]) -> dict[tuple[str, str], Row]:
-    """The adapter's rows of RESOLVING_RUN that replace step-in-process.json's, by (target,
-    case)."""
-    headline, resolving = runs.get("step-in-process.json"), runs.get(RESOLVING_RUN)
-    if not headline or not resolving:
-        return {}
-    if str(resolving["machine"]["date"]) < str(headline["machine"]["date"]):
-        return {}
-    same = {
-        case
-        for case, workload in resolving["workloads"].items()
-        if headline["workloads"].get(case) == workload
-    }
-    cases = [case for case in resolving["cases"] if case["case"] in same]
-    found = adapter_rows({"cases": cases}, _source(runs, RESOLVING_RUN))
-    return {(row.target, row.subject): row for row in found}
+def _resolved_rows(runs: dict[str, dict[str, Any]]) -> tuple[dict[tuple[str, str], Row], list[str]]:
+    """The measured rows of the RESOLVING_RUNS that replace their headline file's, by (target,
+    subject), and the names of the files they came from: each run at least as new as its
+    headline, only where it measured what the headline did."""
+    replacing: dict[tuple[str, str], Row] = {}
+    used: list[str] = []
+    for run in RESOLVING_RUNS:
+        headline, resolving = runs.get(run.headline), runs.get(run.name)
+        if not headline or not resolving:
+            continue
+        if str(resolving["machine"]["date"]) < str(headline["machine"]["date"]):
+            continue
+        found = run.read(run.comparable(headline, resolving), _source(runs, run.name))
+        measured = {(row.target, row.subject): row for row in found if row.verdict != NOT_RUN}
+        replacing.update(measured)
+        used += [run.name] if measured else []
+    return replacing, used
 
 
 def rows(runs: dict[str, dict[str, Any]]) -> list[Row]:
     """The targets' rows from `runs` (file name -> its JSON) of READERS' files, each row's
     source named with the day its run began: files of different runs may stand side by side.
-    A newer RESOLVING_RUN replaces the adapter's rows of the cases it launched on."""
-    return _rows(runs, _resolved_rows(runs))
+    A newer run of RESOLVING_RUNS replaces the rows it measured."""
+    return _rows(runs, _resolved_rows(runs)[0])
 
 
 def _rows(runs: dict[str, dict[str, Any]], replacing: dict[tuple[str, str], Row]) -> list[Row]:
@@ -268,12 +313,11 @@ def _rows(runs: dict[str, dict[str, Any]], replacing: dict[tuple[str, str], Row]
 def section(runs: dict[str, dict[str, Any]]) -> list[str]:
     """The Markdown of the targets table from `runs` (a JSON file's name -> its contents, as
     `toolkit bench report` read them), or nothing when none of READERS' files is among them."""
-    replacing = _resolved_rows(runs)
+    replacing, resolving = _resolved_rows(runs)
     found = _rows(runs, replacing)
     if not found:
         return []
-    read = [name for name, _ in READERS if name in runs]
-    read += [RESOLVING_RUN] if replacing else []
+    read = [name for name, _ in READERS if name in runs] + resolving
     dates = sorted({_date(runs[name]) for name in read})
     counts = {
         verdict: sum(row.verdict == verdict for row in found)

@@ -161,9 +161,17 @@ def register(subparsers: Any) -> None:
         "blocks' ratios",
     )
     sweep.add_argument(
+        "--launches",
+        type=_positive,
+        default=1,
+        help="launches of each sweep, taken in turns and pooled (one launch resolves a 64 MiB "
+        "ratio to about ±5%% here)",
+    )
+    sweep.add_argument(
         "--sweeps", nargs="*", default=[], metavar="PATTERN", help="only these launches"
     )
-    sweep.add_argument("--out", default=DEFAULT_OUT, help="where allreduce.json and .png go")
+    sweep.add_argument("--out", default=DEFAULT_OUT, help="where NAME.json and NAME.png go")
+    sweep.add_argument("--name", default="allreduce", help="file name stem (default allreduce)")
     sweep.set_defaults(func=_run("run_allreduce"))
 
     memory = commands.add_parser("memory", help="toolkit plan against real CPU runs")
