@@ -341,3 +341,41 @@ def test_bench_all_launches_on_the_allreduce_sweeps_it_left_short_of_met() -> No
     met = {label: 1.05 for label in (DDP_IN_PLACE, TF_RING)}
     met["toolkit horovod (MPI), in place"] = met["toolkit horovod (Gloo), in place"] = 1.05
     assert runs.resolve_allreduce_run("out", _allreduce_run(MACHINE["date"], 2, **met)) is None
+
+
+def _floor_run(date: str, **medians: float) -> dict[str, Any]:
+    """A step-floor.json of these Horovod cases (torch over MPI, TF over MPI) at these ratios."""
+    frameworks = {"horovod-torch-mpi/horovodrun": None, "horovod-tf-mpi/horovodrun": "tensorflow"}
+    cases = [
+        _step_case(
+            case,
+            "horovod",
+            frameworks[case],
+            toolkit_over_floor=_spread(median, median - 0.05, median + 0.05),
+        )
+        for case, median in medians.items()
+    ]
+    return {
+        "machine": {**MACHINE, "date": date},
+        "workloads": {case: {"layers": "512,2048"} for case in medians},
+        "cases": cases,
+    }
+
+
+TORCH_MPI, TF_MPI = "horovod-torch-mpi/horovodrun", "horovod-tf-mpi/horovodrun"
+
+
+def test_bench_all_launches_again_on_the_floor_rows_it_left_short_and_reads_them() -> None:
+    headline = _floor_run("2026-11-28T06:00:00+00:00", **{TORCH_MPI: 1.1, TF_MPI: 1.23})
+    argv = runs.resolve_floor_run("spec.yaml", "out", headline)
+    assert argv is not None and "--floor" in argv
+    assert argv[argv.index("--cases") + 1 : argv.index("--name")] == [TF_MPI]
+    assert f"{argv[argv.index('--name') + 1]}.json" == targets.FLOOR_RESOLVING_RUN
+    assert runs.resolve_floor_run("spec.yaml", "out", _floor_run(MACHINE["date"])) is None
+    resolving = _floor_run("2026-11-29T06:00:00+00:00", **{TF_MPI: 1.15})
+    rows = targets.rows({"step-floor.json": headline, targets.FLOOR_RESOLVING_RUN: resolving})
+    verdicts = {row.subject: (row.verdict, row.source) for row in rows}
+    assert verdicts == {
+        TORCH_MPI: (targets.MET, "`step-floor.json`, 2026-11-28"),
+        TF_MPI: (targets.MET, f"`{targets.FLOOR_RESOLVING_RUN}`, 2026-11-29"),
+    }

@@ -8,6 +8,8 @@ import dataclasses
 import json
 import os
 import tempfile
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -327,6 +329,26 @@ def resolve_run(spec: str, directory: str, headline: dict[str, Any]) -> list[str
     return [*step, "--cases", *short, "--name", name, "--out", directory]
 
 
+FLOOR_RESOLVE = ("--reps", "10", "--steps", "60", "--warmup", "5")
+"""How `toolkit bench all` launches on the best choices its floor run left short of met: 10
+repetitions, each a launch of the toolkit's step and one of the floor's. A launch's step time
+moves with the machine's load (one of 5 read 64.5 ms where the others read 48.4-49.5), and the
+ratio's interval is a bootstrap over repetitions."""
+
+
+def resolve_floor_run(spec: str, directory: str, headline: dict[str, Any]) -> list[str] | None:
+    """The command that launches on the best choices of `headline` (step-floor.json) whose
+    ratio to the floor is not met, into targets.FLOOR_RESOLVING_RUN; None when both are."""
+    from toolkit.bench.targets import FLOOR_RESOLVING_RUN, MET, floor_rows
+
+    short = [row.subject for row in floor_rows(headline, "") if row.verdict != MET]
+    if not short:
+        return None
+    name = FLOOR_RESOLVING_RUN.removesuffix(".json")
+    step = ["bench", "step", "--spec", spec, "--all", "--floor", *FLOOR_RESOLVE]
+    return [*step, "--cases", *short, "--name", name, "--out", directory]
+
+
 ALLREDUCE_RESOLVE = ("--blocks", "9", "--launches", "16")
 """How `toolkit bench all` launches on the allreduce sweeps its size sweep left short of met, at
 the target's size alone: 16 launches of 9 blocks, about a minute each for all four sweeps here.
@@ -362,13 +384,14 @@ def run_all(args: argparse.Namespace) -> int:
     status = 0
     for argv in all_runs(args.spec, args.reps, args.dir).values():
         status |= main(argv)
-    headline = Path(args.dir) / "step-in-process.json"
-    if headline.exists():
-        resolving = resolve_run(args.spec, args.dir, json.loads(headline.read_text()))
-        status |= main(resolving) if resolving else 0
-    sweep = Path(args.dir) / "allreduce.json"
-    if sweep.exists():
-        resolving = resolve_allreduce_run(args.dir, json.loads(sweep.read_text()))
+    resolvers: dict[str, Callable[[dict[str, Any]], list[str] | None]] = {
+        "step-in-process.json": partial(resolve_run, args.spec, args.dir),
+        "step-floor.json": partial(resolve_floor_run, args.spec, args.dir),
+        "allreduce.json": partial(resolve_allreduce_run, args.dir),
+    }
+    for name, resolver in resolvers.items():
+        headline = Path(args.dir) / name
+        resolving = resolver(json.loads(headline.read_text())) if headline.exists() else None
         status |= main(resolving) if resolving else 0
     memory_spec = Path(args.dir) / "memory-plan.yaml"
     memory_spec.write_text(

@@ -237,6 +237,12 @@ resolves that ratio to about ±5% here, and a sweep of every size launched that 
 hours. When it is newer than allreduce.json and ran as many ranks, its rows replace that file's."""
 
 
+FLOOR_RESOLVING_RUN = "step-floor-resolve.json"
+"""Where `toolkit bench all` launches on the best choices its floor run left short of met, with
+more repetitions (toolkit.bench.runs.resolve_floor_run). When it is newer than step-floor.json,
+its rows of the same cases and workload replace that file's."""
+
+
 def _same_workloads(headline: dict[str, Any], resolving: dict[str, Any]) -> dict[str, Any]:
     same = {
         case
@@ -263,6 +269,7 @@ class ResolvingRun:
 
 RESOLVING_RUNS = (
     ResolvingRun(RESOLVING_RUN, "step-in-process.json", adapter_rows, _same_workloads),
+    ResolvingRun(FLOOR_RESOLVING_RUN, "step-floor.json", floor_rows, _same_workloads),
     ResolvingRun(ALLREDUCE_RESOLVING_RUN, "allreduce.json", allreduce_rows, _same_ranks),
 )
 
