@@ -701,22 +701,23 @@ def test_a_one_size_allreduce_run_is_plotted_launch_by_launch(tmp_path: Path) ->
     size = str(64 << 20)
     launches = [
         {"raw": {size: [1.0, 1.0, 1.0]}, "toolkit": {size: [1.0, 0.98, 1.02]}},
-        {"raw": {size: [1.1, 1.0, 1.2]}, "toolkit": {size: [1.0, 1.0, 1.0]}},
+        {"raw": {size: [1.1, 1.0, 1.2, 1.3]}, "toolkit": {size: [1.0, 1.0, 1.0, 1.0]}},
     ]
     figures = allreduce.launch_medians(launches, "raw", "toolkit")[size]
-    assert figures == [1.0, 1.1]
+    # The launches' figures are the ones the pooled ratio weighs: medians on the log scale.
+    assert figures == pytest.approx([1.0, (1.1 * 1.2) ** 0.5])
+    pooled = allreduce.paired_ratios(launches, "raw", "toolkit")[size]
+    assert (pooled["low"], pooled["high"]) == pytest.approx((min(figures), max(figures)))
     series = [allreduce.series_record("toolkit ddp (gloo)", "toolkit", {size: 0.03}, 2)]
     data = {
         **_allreduce_data(),
         "series": series,
-        "toolkit_over_raw_spread": {
-            "toolkit ddp (gloo)": allreduce.paired_ratios(launches, "raw", "toolkit")
-        },
+        "toolkit_over_raw_spread": {"toolkit ddp (gloo)": {size: pooled}},
         "toolkit_over_raw_launches": {"toolkit ddp (gloo)": {size: figures}},
         "raw_again_over_raw_launches": {},
         "launches": {"ddp/mpirun": 2},
     }
     [(label, spread, each)] = allreduce_report.launch_rows(data)
-    assert (label, each, spread["n"]) == ("toolkit ddp (gloo)", [1.0, 1.1], 2)
+    assert (label, each, spread["n"]) == ("toolkit ddp (gloo)", figures, 2)
     png = allreduce_report.plot(data, tmp_path / "allreduce-resolve.png")
     assert png.read_bytes()[:8] == PNG_SIGNATURE

@@ -245,9 +245,9 @@ def paired_ratios(launches: list[Blocks], raw: str, other: str) -> dict[str, dic
 
 
 def launch_medians(launches: list[Blocks], raw: str, other: str) -> dict[str, list[float]]:
-    """Size -> each launch's own figure for `other` / `raw`: its median block ratio."""
+    """Size -> each launch's own figure for `other` / `raw`, as `paired_ratios` pools it."""
     return {
-        size: [stats.median(block_ratios(launch, raw, other, size)) for launch in launches]
+        size: [stats.launch_figure(block_ratios(launch, raw, other, size)) for launch in launches]
         for size in launches[0][other]
     }
 

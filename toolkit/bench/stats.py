@@ -101,7 +101,7 @@ def combine_launches(launches: Sequence[Sequence[float]], *, seed: int = 0) -> S
     rng = np.random.default_rng(seed)
     figures, variances = [], []
     for launch in launches:
-        logs = np.log([r for r in launch if np.isfinite(r) and r > 0])
+        logs = _logs(launch)
         if logs.size == 0:
             continue
         figures.append(float(np.median(logs)))
@@ -126,6 +126,17 @@ def combine_launches(launches: Sequence[Sequence[float]], *, seed: int = 0) -> S
         ci_high=float(np.exp(centre + half)),
         n=int(y.size),
     )
+
+
+def _logs(ratios: Sequence[float]) -> np.ndarray:
+    return np.log([r for r in ratios if np.isfinite(r) and r > 0])
+
+
+def launch_figure(ratios: Sequence[float]) -> float:
+    """One launch's figure as `combine_launches` takes it: the median of its ratios on the log
+    scale (with an even count, the geometric mean of the middle two); NaN with none."""
+    logs = _logs(ratios)
+    return float(np.exp(np.median(logs))) if logs.size else float("nan")
 
 
 def ratios(numerators: Sequence[float], denominators: Sequence[float]) -> list[float]:
