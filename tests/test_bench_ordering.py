@@ -3,10 +3,12 @@ bench) every path's buffer at every place in memory."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from toolkit.bench.ordering import carryover_balanced
-from toolkit.bench.ranks.toolkit_allreduce import allocation_order, rounds
+from toolkit.bench.ranks.toolkit_allreduce import allocation_order, lead_in, rounds
 
 
 @pytest.mark.parametrize("count", [2, 3, 4, 5, 7])
@@ -41,3 +43,12 @@ def test_allreduce_rounds_are_whole_and_give_every_path_its_blocks() -> None:
     # 3 paths: 2 blocks each a round, so 5 blocks take 3 whole rounds.
     assert len(planned) == 3
     assert all(sorted(order) == sorted(paths * 2) for order in planned)
+
+
+@pytest.mark.parametrize("count", [2, 4, 5, 6])
+def test_every_timed_allreduce_block_follows_its_designed_predecessor_once(count: int) -> None:
+    paths = [f"path{index}" for index in range(count)]
+    (round_order,) = rounds(paths, blocks=1)
+    run = [lead_in(round_order), *round_order]  # the lead-in is not timed
+    pairs = sorted(itertools.pairwise(run))
+    assert pairs == sorted((a, b) for a in paths for b in paths if a != b)

@@ -14,9 +14,10 @@ allreduce does.
 
 The blocks run in rounds, each an order in which every path follows every other path once
 (toolkit.bench.ordering): n paths give each path n-1 blocks a round, and `--blocks` is rounded
-up to whole rounds. Until 2026-11-29 the order rotated (a b c d, b c d a, ...), which puts each
-path behind the same one in all but one block of n: the in-place toolkit path behind the copying
-one, the raw path behind memcpy.
+up to whole rounds, each opened by an untimed block of its last path (`lead_in`). Until
+2026-11-29 the order rotated (a b c d, b c d a, ...), which puts each path behind the same one
+in all but one block of n: the in-place toolkit path behind the copying one, the raw path
+behind memcpy.
 
 Every round allocates the paths' buffers afresh, in an order that rotates from round to round
 (`allocation_order`), so that each path's buffer sits at each place in memory as often as the
@@ -70,6 +71,15 @@ def rounds(paths: list[str], blocks: int) -> list[list[str]]:
     return [round_order] * math.ceil(blocks / per_round)
 
 
+def lead_in(round_order: list[str]) -> str:
+    """The path of the untimed block that opens a round: its last, so that the round's first
+    timed block follows the path the design puts before it, read cyclically, as every other
+    block does. Without it the first block followed the round's allocations and warm-up: the
+    raw path, first in every round, read slower than its A/A over 16 launches at 64 MiB
+    (torch 1.024, Horovod MPI 1.014, Horovod Gloo 1.056; docs/bench/findings.md)."""
+    return round_order[-1]
+
+
 def allocation_order(paths: list[str], round_index: int) -> list[str]:
     """The order round `round_index` allocates the paths' buffers in: rotated by one a round."""
     shift = round_index % len(paths)
@@ -104,6 +114,7 @@ def main() -> int:
             operations["memcpy"] = memcpy
             for operation in operations.values():
                 operation()  # warm: first-touch pages, connections, Horovod's negotiation cache
+            time_block(operations[lead_in(round_order)], count, run.barrier)
             for name in round_order:
                 blocks[name].append(time_block(operations[name], count, run.barrier))
             del operations  # before the next round's buffers, which take the places it frees
