@@ -219,7 +219,8 @@ def register(subparsers: Any) -> None:
     everything = commands.add_parser(
         "all",
         help=(
-            "every benchmark BENCHMARKS.md shows, launching on the adapter's unresolved cases, "
+            "every benchmark BENCHMARKS.md shows, launching again on what the first runs left "
+            "unresolved (the adapter's cases, the floor's best choices, the allreduce at 64 MiB), "
             "then the report (2-3 hours on 2 cores)"
         ),
     )
