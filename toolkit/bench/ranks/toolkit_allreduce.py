@@ -20,14 +20,16 @@ in all but one block of n: the in-place toolkit path behind the copying one, the
 behind memcpy.
 
 Every round allocates the paths' buffers afresh, in an order that rotates from round to round
-(`allocation_order`), so that each path's buffer sits at each place in memory as often as the
-others'. Where a 64 MiB buffer lies moves its allreduce's time by up to a tenth: with the
-buffers allocated once, in the paths' order, Horovod's raw call over MPI on the buffer
-allocated last (the A/A) read 0.99-1.16 of the same call's bandwidth on the first over 5
-launches, and with the allocation order reversed 0.90-0.91 over 3 (docs/bench/findings.md).
-Why one place is slower than another was not found; rotating takes it out of the ratios
-whatever it is. memcpy, the physical limit and neither side of a ratio, keeps its buffers for
-the whole size.
+(`allocation_order`), and the rounds come in whole turns of the rotation, so that each path's
+buffer sits at each place in memory as often as the others'. Where a 64 MiB buffer lies moves
+its allreduce's time by up to a tenth: with the buffers allocated once, in the paths' order,
+Horovod's raw call over MPI on the buffer allocated last (the A/A) read 0.99-1.16 of the same
+call's bandwidth on the first over 5 launches, and with the allocation order reversed
+0.90-0.91 over 3 (docs/bench/findings.md). Why one place is slower than another was not found;
+rotating takes it out of the ratios whatever it is, in whole turns only: with 3 rounds of 4
+buffers, where the raw path's buffer was allocated first once and its A/A's never, Horovod
+MPI's A/A read 1.023 [1.010, 1.035] over 16 launches. memcpy, the physical limit and neither
+side of a ratio, keeps its buffers for the whole size.
 """
 
 from __future__ import annotations
@@ -64,11 +66,13 @@ def iterations(size: int, args: argparse.Namespace) -> int:
     return max(2, min(args.max_iterations, math.ceil(args.block_bytes / size)))
 
 
-def rounds(paths: list[str], blocks: int) -> list[list[str]]:
-    """Whole carryover-balanced rounds, enough that every path runs at least `blocks` blocks."""
+def rounds(paths: list[str], blocks: int, places: int) -> list[list[str]]:
+    """Whole carryover-balanced rounds, enough that every path runs at least `blocks` blocks,
+    in whole turns of `places` rounds: the buffers' allocation order rotates once a round
+    (`allocation_order`), so only whole turns put every buffer at every place equally often."""
     round_order = [paths[index] for index in carryover_balanced(len(paths))]
     per_round = round_order.count(paths[0])
-    return [round_order] * math.ceil(blocks / per_round)
+    return [round_order] * (math.ceil(blocks / per_round / places) * places)
 
 
 def lead_in(round_order: list[str]) -> str:
@@ -107,7 +111,8 @@ def main() -> int:
         memcpy = raw_paths.memcpy(elements)
         count = iterations(size, args)
         blocks: dict[str, list[float]] = {name: [] for name in [*names, "memcpy"]}
-        for round_index, round_order in enumerate(rounds(list(blocks), args.blocks)):
+        planned = rounds(list(blocks), args.blocks, places=len(names))
+        for round_index, round_order in enumerate(planned):
             operations = {
                 name: makers[name](elements) for name in allocation_order(names, round_index)
             }
