@@ -78,9 +78,10 @@ def rounds(paths: list[str], blocks: int, places: int) -> list[list[str]]:
 def lead_in(round_order: list[str]) -> str:
     """The path of the untimed block that opens a round: its last, so that the round's first
     timed block follows the path the design puts before it, read cyclically, as every other
-    block does. Without it the first block followed the round's allocations and warm-up: the
-    raw path, first in every round, read slower than its A/A over 16 launches at 64 MiB
-    (torch 1.024, Horovod MPI 1.014, Horovod Gloo 1.056; docs/bench/findings.md)."""
+    block does. Without it the first block, always the raw path's, followed the round's
+    allocations and warm-up. Over 16 launches at 64 MiB the A/As (the raw call's copy / the
+    raw call) of torch's Gloo and Horovod's Gloo read 1.024 and 1.056 without it, 0.994 and
+    0.994 with it (docs/bench/findings.md)."""
     return round_order[-1]
 
 
