@@ -351,9 +351,10 @@ def resolve_floor_run(spec: str, directory: str, headline: dict[str, Any]) -> li
 
 ALLREDUCE_RESOLVE = ("--blocks", "9", "--launches", "16")
 """How `toolkit bench all` launches on the allreduce sweeps its size sweep left short of met, at
-the target's size alone: 16 launches of 9 blocks, about a minute each for all four sweeps here.
-Launches of one sweep disagree by about ±4% (where each buffer lies, toolkit/bench/ranks/
-toolkit_allreduce.py), so 16 of them fix the ratio to about ±2%, the target's margin."""
+the target's size alone: 16 launches, each of at least 9 blocks (17.4 minutes for all four
+sweeps here). One launch's figure moves by about ±4% (where each buffer lies, toolkit/bench/
+ranks/toolkit_allreduce.py); pooled, 16 fixed the in-place ratios to ±1.3-1.7% over MPI, DDP's
+Gloo and TF's ring, ±4% over Horovod's Gloo (docs/bench/findings.md)."""
 
 
 def resolve_allreduce_run(directory: str, headline: dict[str, Any]) -> list[str] | None:
