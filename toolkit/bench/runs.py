@@ -8,12 +8,15 @@ import dataclasses
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from toolkit.errors import ToolkitError
+
+if TYPE_CHECKING:
+    from toolkit.bench.targets import Row
 
 
 def _step_command(args: argparse.Namespace) -> str:
@@ -319,14 +322,24 @@ thousand cycles resolve that on this machine, docs/bench/findings.md)."""
 def resolve_run(spec: str, directory: str, headline: dict[str, Any]) -> list[str] | None:
     """The command that launches on the cases of `headline` (step-in-process.json) whose
     adapter figure is not met, into targets.RESOLVING_RUN; None when every case is met."""
-    from toolkit.bench.targets import MET, RESOLVING_RUN, adapter_rows
+    from toolkit.bench.targets import RESOLVING_RUN, adapter_rows
 
-    short = [row.subject for row in adapter_rows(headline, "") if row.verdict != MET]
+    flags = ["--in-process", *RESOLVE]
+    return _resolve_step(spec, directory, adapter_rows(headline, ""), RESOLVING_RUN, flags)
+
+
+def _resolve_step(
+    spec: str, directory: str, rows: Iterable[Row], resolving: str, flags: list[str]
+) -> list[str] | None:
+    """`toolkit bench step` with `flags` on the cases of `rows` that are not met, into the file
+    `resolving`; None when all are."""
+    from toolkit.bench.targets import MET
+
+    short = [row.subject for row in rows if row.verdict != MET]
     if not short:
         return None
-    name = RESOLVING_RUN.removesuffix(".json")
-    step = ["bench", "step", "--spec", spec, "--all", "--in-process", *RESOLVE]
-    return [*step, "--cases", *short, "--name", name, "--out", directory]
+    step = ["bench", "step", "--spec", spec, "--all", *flags, "--cases", *short]
+    return [*step, "--name", resolving.removesuffix(".json"), "--out", directory]
 
 
 FLOOR_RESOLVE = ("--reps", "10", "--steps", "60", "--warmup", "5")
@@ -339,14 +352,10 @@ ratio's interval is a bootstrap over repetitions."""
 def resolve_floor_run(spec: str, directory: str, headline: dict[str, Any]) -> list[str] | None:
     """The command that launches on the best choices of `headline` (step-floor.json) whose
     ratio to the floor is not met, into targets.FLOOR_RESOLVING_RUN; None when both are."""
-    from toolkit.bench.targets import FLOOR_RESOLVING_RUN, MET, floor_rows
+    from toolkit.bench.targets import FLOOR_RESOLVING_RUN, floor_rows
 
-    short = [row.subject for row in floor_rows(headline, "") if row.verdict != MET]
-    if not short:
-        return None
-    name = FLOOR_RESOLVING_RUN.removesuffix(".json")
-    step = ["bench", "step", "--spec", spec, "--all", "--floor", *FLOOR_RESOLVE]
-    return [*step, "--cases", *short, "--name", name, "--out", directory]
+    flags = ["--floor", *FLOOR_RESOLVE]
+    return _resolve_step(spec, directory, floor_rows(headline, ""), FLOOR_RESOLVING_RUN, flags)
 
 
 ALLREDUCE_RESOLVE = ("--blocks", "9", "--launches", "16")
