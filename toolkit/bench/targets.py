@@ -18,9 +18,9 @@ median):
 An allreduce's ratio pools its launches' block ratios as the in-process step pools its cycles
 (toolkit.bench.allreduce.paired_ratios; before the nineteenth session, one launch's median
 block ratio with a bootstrap interval, and before 2026-11-29 the ratio of the median blocks,
-without one). A figure without an interval (one
-census of memory, a bubble's median over steps) is met or missed. None of this is asserted in
-a test: the machine's speed is read, never enforced.
+without one). A figure without an interval (one census of memory, a bubble's median over
+steps) is met or missed. None of this is asserted in a test: the machine's speed is read,
+never enforced.
 """
 
 from __future__ import annotations

@@ -157,8 +157,8 @@ def register(subparsers: Any) -> None:
         type=_positive,
         default=9,
         help="timed blocks per size and path, at least (rounded up to whole rounds, in each of "
-        "which every path runs behind every other once); toolkit / raw is the median of the "
-        "blocks' ratios",
+        "which every path runs behind every other once, and to whole turns of the buffers' "
+        "places in memory); toolkit / raw is the median of the blocks' ratios",
     )
     sweep.add_argument(
         "--launches",

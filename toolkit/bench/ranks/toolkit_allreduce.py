@@ -14,7 +14,8 @@ allreduce does.
 
 The blocks run in rounds, each an order in which every path follows every other path once
 (toolkit.bench.ordering): n paths give each path n-1 blocks a round, and `--blocks` is rounded
-up to whole rounds, each opened by an untimed block of its last path (`lead_in`). Until
+up to whole rounds, and those to whole turns of the buffers' rotation (below); each round opens
+with an untimed block of its last path (`lead_in`). Until
 2026-11-29 the order rotated (a b c d, b c d a, ...), which puts each path behind the same one
 in all but one block of n: the in-place toolkit path behind the copying one, the raw path
 behind memcpy.
