@@ -85,12 +85,17 @@ def test_bench_allreduce_tiny(tmp_path: Path, no_orphans: None) -> None:
         assert all(math.isfinite(bw) and bw > 0 for bw in series["busbw_gbs"]), series
     assert set(data["toolkit_over_raw_busbw"]["toolkit ddp (gloo)"]) == {"4096", "16384"}
     spread = data["toolkit_over_raw_spread"]["toolkit ddp (gloo)"]["4096"]
-    # Two launches pooled; in each, --blocks 1 is rounded up to one whole round: 6 paths
-    # (memcpy and the raw path's A/A among them), each behind each of the 5 others once.
+    # Two launches pooled. In each, --blocks 1 is rounded up to a whole round (6 paths, memcpy
+    # and the raw path's A/A among them, each behind each of the 5 others once) and to a whole
+    # turn of the 5 buffers' places in memory: 5 rounds.
     assert (
         spread["n"] == 2
         and spread["ci_low"] <= spread["median"] <= spread["ci_high"]
         and spread["median"] == data["toolkit_over_raw_busbw"]["toolkit ddp (gloo)"]["4096"]
+    )
+    each = data["toolkit_over_raw_launches"]["toolkit ddp (gloo)"]["4096"]
+    assert len(each) == 2 and (spread["low"], spread["high"]) == pytest.approx(
+        (min(each), max(each))
     )
     again = data["raw_again_over_raw_spread"]["torch.distributed gloo"]
     assert set(again) == {"4096", "16384"} and again["4096"]["n"] == 2
