@@ -717,6 +717,10 @@ def test_a_one_size_allreduce_run_is_plotted_launch_by_launch(tmp_path: Path) ->
         "raw_again_over_raw_launches": {},
         "launches": {"ddp/mpirun": 2},
     }
+    assert math.isnan(series[0]["alpha_us"]) and "alpha" not in allreduce_report.table(data)
+    (tmp_path / "allreduce-resolve.json").write_text(json.dumps(data))
+    text = markdown.render(tmp_path, image_prefix="")
+    assert "| path | 64 MiB |" in text and "alpha" not in text
     [(label, spread, each)] = allreduce_report.launch_rows(data)
     assert (label, each, spread["n"]) == ("toolkit ddp (gloo)", figures, 2)
     png = allreduce_report.plot(data, tmp_path / "allreduce-resolve.png")

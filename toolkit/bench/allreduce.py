@@ -26,6 +26,7 @@ memcpy's bandwidth is bytes / time of one core copying the buffer.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,7 +130,8 @@ def series_record(label: str, path: str, seconds: dict[str, float], ranks: int) 
     sizes = sorted(int(size) for size in seconds)
     times = [seconds[str(size)] for size in sizes]
     factor = 1.0 if path == "memcpy" else bus_factor(ranks)
-    alpha, beta = stats.fit_alpha_beta(sizes, times)
+    # A latency and a bandwidth take two sizes at least to tell apart.
+    alpha, beta = stats.fit_alpha_beta(sizes, times) if len(sizes) > 1 else (math.nan, math.nan)
     return {
         "label": label,
         "path": path,

@@ -31,10 +31,12 @@ def table(data: dict[str, Any]) -> str:
         return "no series measured"
     sizes = series[0]["sizes"]
     size_cells = "".join(f"{size_label(s):>9}" for s in sizes)
-    lines = [f"{'busbw GB/s':40}{size_cells}{'alpha us':>10}{'beta GB/s':>10}"]
+    fitted = len(sizes) > 1  # a run of one size has no latency-bandwidth fit to show
+    fit_head = f"{'alpha us':>10}{'beta GB/s':>10}" if fitted else ""
+    lines = [f"{'busbw GB/s':40}{size_cells}{fit_head}"]
     for entry in series:
         cells = "".join(f"{bw:9.3f}" for bw in entry["busbw_gbs"])
-        fit = f"{entry['alpha_us']:10.1f}{entry['beta_busbw_gbs']:10.3f}"
+        fit = f"{entry['alpha_us']:10.1f}{entry['beta_busbw_gbs']:10.3f}" if fitted else ""
         lines.append(f"{entry['label'][:40]:40}{cells}{fit}")
     lines.append("")
     lines.append(f"{'toolkit busbw / raw busbw':40}{size_cells}")

@@ -203,13 +203,14 @@ def allreduce_section(data: dict[str, Any], title: str, png: str) -> list[str]:
     series = data["series"]
     sizes = series[0]["sizes"] if series else []
 
-    head = ["path", *(size_label(s) for s in sizes), "alpha (µs)", "beta (GB/s)"]
+    fitted = len(sizes) > 1  # a run of one size has no latency-bandwidth fit to show
+    head = ["path", *(size_label(s) for s in sizes)]
+    head += ["alpha (µs)", "beta (GB/s)"] if fitted else []
     rows = [
         [
             s["label"],
             *(_f(bw, ".3f") for bw in s["busbw_gbs"]),
-            _f(s["alpha_us"], ".0f"),
-            _f(s["beta_busbw_gbs"], ".3f"),
+            *([_f(s["alpha_us"], ".0f"), _f(s["beta_busbw_gbs"], ".3f")] if fitted else []),
         ]
         for s in series
     ]
