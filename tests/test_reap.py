@@ -47,6 +47,9 @@ def test_reap_removes_the_engine_files_made_since_the_job_started() -> None:
     try:
         time.sleep(0.05)
         started_at = time.time()
+        # The kernel stamps a file with its coarse clock, up to a tick behind time.time(): a
+        # file written at once could read as older than the job (a failed fresh-clone run).
+        time.sleep(0.05)
         newer.write_bytes(b"x")
         done = subprocess.run(
             reap_command(sys.executable, "job-c", started_at),
