@@ -147,3 +147,24 @@ def test_bench_bubble_tiny(tmp_path: Path, no_orphans: None) -> None:
         assert 0.0 <= case["replayed_without_hand_offs"] <= case["measured"] + 1e-9
         assert case["hand_off_ms"] >= 0.0
     assert (out / "bubble.png").read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_bench_all_smoke_runs_through_to_its_report(tmp_path: Path, no_orphans: None) -> None:
+    """The one command that regenerates BENCHMARKS.md, every bench and launch-again in it at
+    tiny sizes: each writes the file the targets read, and the report names each file."""
+    from toolkit.bench import runs, targets
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("backend: ddp\n")
+    out, report = tmp_path / "out", tmp_path / "BENCHMARKS.md"
+    argv = ["bench", "all", "--smoke", "--spec", str(spec), "--dir", str(out), "--to", str(report)]
+    assert main(argv) == 0
+    written = {path.name for path in out.glob("*.json")}
+    assert set(runs.all_runs(str(spec), 1, str(out))) <= written
+    # Each target's rows name the file they were read from: the headline's, or the file of
+    # its launch-again where that one measured them.
+    text = report.read_text()
+    launched_again = {run.headline: run.name for run in targets.RESOLVING_RUNS}
+    for name, _ in targets.READERS:
+        assert f"`{name}`" in text or f"`{launched_again.get(name)}`" in text, name
+    assert (out / "plan.txt").read_text().strip()

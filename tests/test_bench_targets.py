@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -281,12 +282,12 @@ def test_bench_all_launches_on_the_adapter_cases_it_left_short_of_met() -> None:
     )
     short = _adapter_run("2026-11-28T06:00:00+00:00", 1.008)
     short["cases"][0]["combined_ratio_to_baseline"]["toolkit"]["ci_high"] = 1.02
-    argv = runs.resolve_run("spec.yaml", "out", {"cases": [met, *short["cases"]]})
+    argv = runs.resolve_run("spec.yaml", "out", runs.FULL, {"cases": [met, *short["cases"]]})
     assert argv is not None
     assert argv[argv.index("--cases") + 1 : argv.index("--name")] == ["zero0/deepspeed"]
     assert f"{argv[argv.index('--name') + 1]}.json" == targets.RESOLVING_RUN
     assert "--resolve" in argv and "--in-process" in argv
-    assert runs.resolve_run("spec.yaml", "out", {"cases": [met]}) is None
+    assert runs.resolve_run("spec.yaml", "out", runs.FULL, {"cases": [met]}) is None
 
 
 def _allreduce_run(date: str, ranks: int, **medians: float) -> dict[str, Any]:
@@ -331,7 +332,7 @@ def test_bench_all_launches_on_the_allreduce_sweeps_it_left_short_of_met() -> No
     headline = _allreduce_run(
         "2026-11-28T06:00:00+00:00", 2, **{DDP_IN_PLACE: 1.05, TF_RING: 0.985}
     )
-    argv = runs.resolve_allreduce_run("out", headline)
+    argv = runs.resolve_allreduce_run("out", runs.FULL, headline)
     assert argv is not None
     # TF's interval reaches below 0.98, and the Horovod sweeps were not measured: all three.
     sweeps = argv[argv.index("--sweeps") + 1 : argv.index("--name")]
@@ -340,7 +341,10 @@ def test_bench_all_launches_on_the_allreduce_sweeps_it_left_short_of_met() -> No
     assert argv[argv.index("--sizes") + 1] == str(64 * MIB)
     met = {label: 1.05 for label in (DDP_IN_PLACE, TF_RING)}
     met["toolkit horovod (MPI), in place"] = met["toolkit horovod (Gloo), in place"] = 1.05
-    assert runs.resolve_allreduce_run("out", _allreduce_run(MACHINE["date"], 2, **met)) is None
+    assert (
+        runs.resolve_allreduce_run("out", runs.FULL, _allreduce_run(MACHINE["date"], 2, **met))
+        is None
+    )
 
 
 def _floor_run(date: str, **medians: float) -> dict[str, Any]:
@@ -367,11 +371,13 @@ TORCH_MPI, TF_MPI = "horovod-torch-mpi/horovodrun", "horovod-tf-mpi/horovodrun"
 
 def test_bench_all_launches_again_on_the_floor_rows_it_left_short_and_reads_them() -> None:
     headline = _floor_run("2026-11-28T06:00:00+00:00", **{TORCH_MPI: 1.1, TF_MPI: 1.23})
-    argv = runs.resolve_floor_run("spec.yaml", "out", headline)
+    argv = runs.resolve_floor_run("spec.yaml", "out", runs.FULL, headline)
     assert argv is not None and "--floor" in argv
     assert argv[argv.index("--cases") + 1 : argv.index("--name")] == [TF_MPI]
     assert f"{argv[argv.index('--name') + 1]}.json" == targets.FLOOR_RESOLVING_RUN
-    assert runs.resolve_floor_run("spec.yaml", "out", _floor_run(MACHINE["date"])) is None
+    assert (
+        runs.resolve_floor_run("spec.yaml", "out", runs.FULL, _floor_run(MACHINE["date"])) is None
+    )
     resolving = _floor_run("2026-11-29T06:00:00+00:00", **{TF_MPI: 1.15})
     rows = targets.rows({"step-floor.json": headline, targets.FLOOR_RESOLVING_RUN: resolving})
     verdicts = {row.subject: (row.verdict, row.source) for row in rows}
@@ -379,3 +385,40 @@ def test_bench_all_launches_again_on_the_floor_rows_it_left_short_and_reads_them
         TORCH_MPI: (targets.MET, "`step-floor.json`, 2026-11-28"),
         TF_MPI: (targets.MET, f"`{targets.FLOOR_RESOLVING_RUN}`, 2026-11-29"),
     }
+
+
+def _short_headlines() -> dict[str, dict[str, Any]]:
+    """A headline file for each resolving run, each leaving its targets short of met."""
+    return {
+        "step-in-process.json": _adapter_run(MACHINE["date"], 1.03),
+        "step-floor.json": _floor_run(MACHINE["date"], **{TF_MPI: 1.3}),
+        "allreduce.json": _allreduce_run(MACHINE["date"], 2, **{DDP_IN_PLACE: 0.9}),
+    }
+
+
+def test_bench_all_launches_again_into_each_resolving_run_the_targets_read() -> None:
+    resolving = {run.headline: run.name for run in targets.RESOLVING_RUNS}
+    launches_again = runs.resolvers("spec.yaml", "out")
+    assert sorted(launches_again) == sorted(resolving)
+    for headline, data in _short_headlines().items():
+        argv = launches_again[headline](data)
+        assert argv is not None
+        assert f"{argv[argv.index('--name') + 1]}.json" == resolving[headline]
+
+
+def test_a_smoke_run_measures_tiny_workloads_away_from_the_recorded_figures() -> None:
+    smoke = runs.SMOKE
+    assert Path(smoke.dir).resolve() != Path(runs.FULL.dir).resolve()
+    assert Path(smoke.to).parent == Path(smoke.dir)
+    commands = runs.all_runs("spec.yaml", smoke.reps, smoke.dir, smoke)
+    assert sorted(commands) == sorted(runs.all_runs("spec.yaml", 3, "out"))
+    launches_again = runs.resolvers("spec.yaml", smoke.dir, smoke)
+    again = [launches_again[name](data) for name, data in _short_headlines().items()]
+    for argv in [*commands.values(), *again]:
+        assert argv is not None
+        assert argv[argv.index("--out") + 1] == smoke.dir
+        if argv[1] == "step":  # the launches-again too, or the targets would not compare them
+            assert argv[argv.index("--layers") + 1] == "16,8,4"
+    # Of the allreduce sweeps left short, the smoke launches again only on its own.
+    [*_, allreduce_again] = again
+    assert allreduce_again[allreduce_again.index("--sweeps") + 1 :][:2] == ["ddp/mpirun", "--name"]

@@ -9,6 +9,7 @@ import json
 import os
 import tempfile
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -297,35 +298,139 @@ FLOOR_CASES = ("ddp", "horovod-torch-mpi", "tf-mwms", "horovod-tf-mpi")
 """The fastest torch and TF engines here (BENCHMARKS.md), measured against the physical floor."""
 
 
-def all_runs(spec: str, reps: int, directory: str) -> dict[str, list[str]]:
-    """The benches `toolkit bench all` runs, as CLI arguments, by the JSON file each writes in
-    `directory` (the files BENCHMARKS.md's targets are read from, toolkit.bench.targets)."""
-    out = ["--out", directory]
-    step = ["bench", "step", "--spec", spec, "--all", "--reps", str(reps)]
-    floor = ["--floor", "--name", "step-floor", "--cases", *FLOOR_CASES]
-    return {
-        "step-in-process.json": [*step, "--in-process", "--name", "step-in-process", *out],
-        "step-vs-defaults.json": [*step, "--vs-defaults", "--name", "step-vs-defaults", *out],
-        "step-floor.json": [*step, *floor, *out],
-        "allreduce.json": ["bench", "allreduce", "--full", *out],
-        "memory.json": ["bench", "memory", *out],
-        "bubble.json": ["bench", "bubble", *out],
-    }
-
-
 RESOLVE = ("--reps", "5", "--max-reps", "8", "--resolve", "0.01", "--steps", "150")
 """How `toolkit bench all` launches on the adapter's cases its in-process run left short of
 met: launches of 150 cycles, 5 to 8 of them, until toolkit / native is known to ±1% (about a
 thousand cycles resolve that on this machine, docs/bench/findings.md)."""
 
+FLOOR_RESOLVE = ("--reps", "10", "--steps", "60", "--warmup", "5")
+"""How `toolkit bench all` launches on the best choices its floor run left short of met: 10
+repetitions, each a launch of the toolkit's step and one of the floor's. A launch's step time
+moves with the machine's load (one of 5 read 64.5 ms where the others read 48.4-49.5), and the
+ratio's interval is a bootstrap over repetitions."""
 
-def resolve_run(spec: str, directory: str, headline: dict[str, Any]) -> list[str] | None:
+ALLREDUCE_RESOLVE = ("--blocks", "9", "--launches", "16")
+"""How `toolkit bench all` launches on the allreduce sweeps its size sweep left short of met, at
+the target's size alone: 16 launches, each of at least 9 blocks (17.4 minutes for all four
+sweeps here). One launch's figure moves by about ±4% (where each buffer lies, toolkit/bench/
+ranks/toolkit_allreduce.py); pooled, 16 fixed the in-place ratios to ±1.3-1.7% over MPI, DDP's
+Gloo and TF's ring, ±4% over Horovod's Gloo (docs/bench/findings.md)."""
+
+
+@dataclass(frozen=True)
+class Scale:
+    """How much `toolkit bench all` measures: what BENCHMARKS.md shows (FULL), or every bench
+    and every launch-again at tiny sizes (SMOKE), which shows in minutes that the one command
+    runs through to its report, and measures nothing worth reading."""
+
+    dir: str
+    to: str
+    reps: int
+    step: tuple[str, ...]
+    """Flags of every step run, the launches-again included."""
+    cases: tuple[str, ...]
+    """The step runs' cases (all when empty)."""
+    floor_cases: tuple[str, ...]
+    allreduce: tuple[str, ...]
+    sweeps: tuple[str, ...]
+    """The allreduce sweeps, the launches-again included (all when empty)."""
+    memory: tuple[str, ...]
+    bubble: tuple[str, ...]
+    resolve: tuple[str, ...]
+    floor_resolve: tuple[str, ...]
+    allreduce_resolve: tuple[str, ...]
+
+
+FULL = Scale(
+    dir="docs/bench",
+    to="BENCHMARKS.md",
+    reps=3,
+    step=(),
+    cases=(),
+    floor_cases=FLOOR_CASES,
+    allreduce=("--full",),
+    sweeps=(),
+    memory=(),
+    bubble=(),
+    resolve=RESOLVE,
+    floor_resolve=FLOOR_RESOLVE,
+    allreduce_resolve=ALLREDUCE_RESOLVE,
+)
+
+_TINY_STEP = ("--steps", "2", "--warmup", "1", "--layers", "16,8,4", "--micro", "4")
+
+SMOKE = Scale(
+    dir="reports/bench-smoke",
+    to="reports/bench-smoke/BENCHMARKS.md",
+    reps=1,
+    step=_TINY_STEP,
+    cases=("ddp",),
+    floor_cases=("ddp",),
+    allreduce=("--sizes", "4K", "--blocks", "1"),
+    sweeps=("ddp",),
+    memory=("--cases", "ddp", "--layers", "64,32,10", "--micro", "4"),
+    bubble=(
+        *("--micro-batches", "2", "--layers", "16,16,16", "--micro", "4", "--steps", "2"),
+        *("--send-recv", "shared_memory"),
+    ),
+    # No 2 launches resolve a ratio to a millionth: the in-process run launches twice.
+    resolve=("--reps", "1", "--max-reps", "2", "--resolve", "0.000001"),
+    floor_resolve=("--reps", "2"),
+    allreduce_resolve=("--blocks", "1", "--launches", "2"),
+)
+
+
+def all_runs(spec: str, reps: int, directory: str, scale: Scale = FULL) -> dict[str, list[str]]:
+    """The benches `toolkit bench all` runs, as CLI arguments, by the JSON file each writes in
+    `directory` (the files BENCHMARKS.md's targets are read from, toolkit.bench.targets)."""
+    out = ["--out", directory]
+    step = ["bench", "step", "--spec", spec, "--all", "--reps", str(reps), *scale.step]
+    step_cases = [*step, "--cases", *scale.cases] if scale.cases else step
+    floor = ["--floor", "--name", "step-floor", "--cases", *scale.floor_cases]
+    sweeps = ["--sweeps", *scale.sweeps] if scale.sweeps else []
+    return {
+        "step-in-process.json": [*step_cases, "--in-process", "--name", "step-in-process", *out],
+        "step-vs-defaults.json": [*step_cases, "--vs-defaults", "--name", "step-vs-defaults", *out],
+        "step-floor.json": [*step, *floor, *out],
+        "allreduce.json": ["bench", "allreduce", *scale.allreduce, *sweeps, *out],
+        "memory.json": ["bench", "memory", *scale.memory, *out],
+        "bubble.json": ["bench", "bubble", *scale.bubble, *out],
+    }
+
+
+Resolver = Callable[[dict[str, Any]], "list[str] | None"]
+"""A headline file's data -> the command that launches again on what it left short of met."""
+
+
+def resolvers(spec: str, directory: str, scale: Scale = FULL) -> dict[str, Resolver]:
+    """Each of targets.RESOLVING_RUNS's launches-again, by the headline file it reads."""
+    return {
+        "step-in-process.json": partial(resolve_run, spec, directory, scale),
+        "step-floor.json": partial(resolve_floor_run, spec, directory, scale),
+        "allreduce.json": partial(resolve_allreduce_run, directory, scale),
+    }
+
+
+def resolve_run(
+    spec: str, directory: str, scale: Scale, headline: dict[str, Any]
+) -> list[str] | None:
     """The command that launches on the cases of `headline` (step-in-process.json) whose
     adapter figure is not met, into targets.RESOLVING_RUN; None when every case is met."""
     from toolkit.bench.targets import RESOLVING_RUN, adapter_rows
 
-    flags = ["--in-process", *RESOLVE]
+    flags = ["--in-process", *scale.step, *scale.resolve]
     return _resolve_step(spec, directory, adapter_rows(headline, ""), RESOLVING_RUN, flags)
+
+
+def resolve_floor_run(
+    spec: str, directory: str, scale: Scale, headline: dict[str, Any]
+) -> list[str] | None:
+    """The command that launches on the best choices of `headline` (step-floor.json) whose
+    ratio to the floor is not met, into targets.FLOOR_RESOLVING_RUN; None when both are."""
+    from toolkit.bench.targets import FLOOR_RESOLVING_RUN, floor_rows
+
+    flags = ["--floor", *scale.step, *scale.floor_resolve]
+    return _resolve_step(spec, directory, floor_rows(headline, ""), FLOOR_RESOLVING_RUN, flags)
 
 
 def _resolve_step(
@@ -342,31 +447,9 @@ def _resolve_step(
     return [*step, "--name", resolving.removesuffix(".json"), "--out", directory]
 
 
-FLOOR_RESOLVE = ("--reps", "10", "--steps", "60", "--warmup", "5")
-"""How `toolkit bench all` launches on the best choices its floor run left short of met: 10
-repetitions, each a launch of the toolkit's step and one of the floor's. A launch's step time
-moves with the machine's load (one of 5 read 64.5 ms where the others read 48.4-49.5), and the
-ratio's interval is a bootstrap over repetitions."""
-
-
-def resolve_floor_run(spec: str, directory: str, headline: dict[str, Any]) -> list[str] | None:
-    """The command that launches on the best choices of `headline` (step-floor.json) whose
-    ratio to the floor is not met, into targets.FLOOR_RESOLVING_RUN; None when both are."""
-    from toolkit.bench.targets import FLOOR_RESOLVING_RUN, floor_rows
-
-    flags = ["--floor", *FLOOR_RESOLVE]
-    return _resolve_step(spec, directory, floor_rows(headline, ""), FLOOR_RESOLVING_RUN, flags)
-
-
-ALLREDUCE_RESOLVE = ("--blocks", "9", "--launches", "16")
-"""How `toolkit bench all` launches on the allreduce sweeps its size sweep left short of met, at
-the target's size alone: 16 launches, each of at least 9 blocks (17.4 minutes for all four
-sweeps here). One launch's figure moves by about ±4% (where each buffer lies, toolkit/bench/
-ranks/toolkit_allreduce.py); pooled, 16 fixed the in-place ratios to ±1.3-1.7% over MPI, DDP's
-Gloo and TF's ring, ±4% over Horovod's Gloo (docs/bench/findings.md)."""
-
-
-def resolve_allreduce_run(directory: str, headline: dict[str, Any]) -> list[str] | None:
+def resolve_allreduce_run(
+    directory: str, scale: Scale, headline: dict[str, Any]
+) -> list[str] | None:
     """The command that launches on the sweeps of `headline` (allreduce.json) whose ratio at
     the target's size is not met, into targets.ALLREDUCE_RESOLVING_RUN; None when all are."""
     from toolkit.bench.allreduce import SWEEPS
@@ -379,11 +462,16 @@ def resolve_allreduce_run(directory: str, headline: dict[str, Any]) -> list[str]
     )
 
     short = {row.subject for row in allreduce_rows(headline, "") if row.verdict != MET}
-    sweeps = [sweep.name for sweep in SWEEPS if allreduce_subject(sweep) in short]
+    sweeps = [
+        sweep.name
+        for sweep in SWEEPS
+        if allreduce_subject(sweep) in short
+        and (not scale.sweeps or any(pattern in sweep.name for pattern in scale.sweeps))
+    ]
     if not sweeps:
         return None
     name = ALLREDUCE_RESOLVING_RUN.removesuffix(".json")
-    sweep = ["bench", "allreduce", "--sizes", str(ALLREDUCE_SIZE), *ALLREDUCE_RESOLVE]
+    sweep = ["bench", "allreduce", "--sizes", str(ALLREDUCE_SIZE), *scale.allreduce_resolve]
     return [*sweep, "--sweeps", *sweeps, "--name", name, "--out", directory]
 
 
@@ -391,24 +479,22 @@ def run_all(args: argparse.Namespace) -> int:
     """What BENCHMARKS.md shows, each through the CLI itself so the JSON records its command."""
     from toolkit.cli import main
 
+    scale = SMOKE if args.smoke else FULL
+    directory, to = args.dir or scale.dir, args.to or scale.to
+    Path(directory).mkdir(parents=True, exist_ok=True)
     status = 0
-    for argv in all_runs(args.spec, args.reps, args.dir).values():
+    for argv in all_runs(args.spec, args.reps or scale.reps, directory, scale).values():
         status |= main(argv)
-    resolvers: dict[str, Callable[[dict[str, Any]], list[str] | None]] = {
-        "step-in-process.json": partial(resolve_run, args.spec, args.dir),
-        "step-floor.json": partial(resolve_floor_run, args.spec, args.dir),
-        "allreduce.json": partial(resolve_allreduce_run, args.dir),
-    }
-    for name, resolver in resolvers.items():
-        headline = Path(args.dir) / name
+    for name, resolver in resolvers(args.spec, directory, scale).items():
+        headline = Path(directory) / name
         resolving = resolver(json.loads(headline.read_text())) if headline.exists() else None
         status |= main(resolving) if resolving else 0
-    memory_spec = Path(args.dir) / "memory-plan.yaml"
+    memory_spec = Path(directory) / "memory-plan.yaml"
     memory_spec.write_text(
         "backend: ddp\noptimizer: {name: adamw}\nbatch: {global: 128, micro: 64}\nlaunch: {np: 2}\n"
     )
     model = "toolkit.bench.native._torch_model:memory_mlp"
-    plan_out = str(Path(args.dir) / "plan.txt")
+    plan_out = str(Path(directory) / "plan.txt")
     status |= main(["plan", "--spec", str(memory_spec), "--model", model, "-o", plan_out])
-    status |= main(["bench", "report", "--dir", args.dir, "--to", args.to])
+    status |= main(["bench", "report", "--dir", directory, "--to", to])
     return status

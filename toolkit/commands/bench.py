@@ -225,9 +225,21 @@ def register(subparsers: Any) -> None:
         ),
     )
     add_spec(everything)
-    everything.add_argument("--dir", default="docs/bench", help="where results go")
-    everything.add_argument("--to", default="BENCHMARKS.md", help="the Markdown file to write")
-    everything.add_argument("--reps", type=_positive, default=3, help="step repetitions")
+    everything.add_argument(
+        "--smoke",
+        action="store_true",
+        help="every benchmark and every launch-again at tiny sizes, into reports/bench-smoke "
+        "(a few minutes): shows the command runs through to its report, measures nothing",
+    )
+    everything.add_argument(
+        "--dir", default=None, help="where results go (default docs/bench; --smoke: its own)"
+    )
+    everything.add_argument(
+        "--to", default=None, help="the Markdown file to write (default BENCHMARKS.md)"
+    )
+    everything.add_argument(
+        "--reps", type=_positive, default=None, help="step repetitions (default 3; --smoke: 1)"
+    )
     everything.set_defaults(func=_run("run_all"))
 
 

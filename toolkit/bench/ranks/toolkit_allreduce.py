@@ -6,11 +6,11 @@ processes) and a single-core memcpy, interleaved.
         --sizes 4096,65536 --out sweep.json
 
 Per size and path: at least `--blocks` blocks, each a barrier then `iterations` back-to-back
-operations (enough that a block moves ~`--block-bytes`), timed on rank 0; the figure is the
-median block's seconds per operation, and every block's is kept too: blocks of different paths
-with the same index ran in the same round, so their ratios are the side-by-side repetitions
-(toolkit.bench.allreduce). memcpy runs on every rank at once (each on its own core), as the
-allreduce does.
+operations (enough that a block moves ~`--block-bytes`), timed on rank 0, and every block's
+seconds per operation are written: blocks of different paths with the same index ran in the
+same round, so their ratios are the side-by-side repetitions (toolkit.bench.allreduce, which
+also pools the blocks of every launch into each path's median). memcpy runs on every rank at
+once (each on its own core), as the allreduce does.
 
 The blocks run in rounds, each an order in which every path follows every other path once
 (toolkit.bench.ordering): n paths give each path n-1 blocks a round, and `--blocks` is rounded
@@ -41,8 +41,6 @@ import sys
 import time
 from collections.abc import Callable
 from typing import Any
-
-import numpy as np
 
 from toolkit.bench.native import _bench
 from toolkit.bench.ordering import carryover_balanced
@@ -106,8 +104,7 @@ def main() -> int:
     names = args.paths.split(",")
     makers = {name: raw_paths.factory(name)(run) for name in names}
     sizes = [int(size) for size in args.sizes.split(",")]
-    seconds: dict[str, dict[str, float]] = {name: {} for name in [*names, "memcpy"]}
-    every_block: dict[str, dict[str, list[float]]] = {name: {} for name in seconds}
+    every_block: dict[str, dict[str, list[float]]] = {name: {} for name in [*names, "memcpy"]}
     for size in sizes:
         elements = max(1, size // 4)
         memcpy = raw_paths.memcpy(elements)
@@ -126,12 +123,10 @@ def main() -> int:
                 blocks[name].append(time_block(operations[name], count, run.barrier))
             del operations  # before the next round's buffers, which take the places it frees
         for name, measured in blocks.items():
-            seconds[name][str(size)] = float(np.median(measured))
             every_block[name][str(size)] = measured
     if run.is_main:
         record = {
             "world": run.world_size,
-            "seconds": seconds,
             "blocks": every_block,
             "paths": names,
         }
