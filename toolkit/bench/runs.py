@@ -398,7 +398,7 @@ def all_runs(spec: str, reps: int, directory: str, scale: Scale = FULL) -> dict[
     }
 
 
-Resolver = Callable[[dict[str, Any]], "list[str] | None"]
+Resolver = Callable[[dict[str, Any]], list[str] | None]
 """A headline file's data -> the command that launches again on what it left short of met."""
 
 
