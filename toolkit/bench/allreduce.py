@@ -110,6 +110,17 @@ SWEEPS: tuple[Sweep, ...] = (
 )
 
 
+def matching_sweeps(patterns: list[str] | tuple[str, ...]) -> tuple[Sweep, ...]:
+    """The SWEEPS whose name holds any of `patterns`; all of them when there are none."""
+    return tuple(s for s in SWEEPS if not patterns or any(p in s.name for p in patterns))
+
+
+def fitted(sizes: list[int]) -> bool:
+    """Whether a sweep of these sizes has a latency-bandwidth fit: the two take two sizes at
+    least to tell apart."""
+    return len(sizes) > 1
+
+
 def sweep_spec(sweep: Sweep, ranks: int) -> TrainSpec:
     data = merge(
         TrainSpec().to_dict(),
@@ -130,8 +141,7 @@ def series_record(label: str, path: str, seconds: dict[str, float], ranks: int) 
     sizes = sorted(int(size) for size in seconds)
     times = [seconds[str(size)] for size in sizes]
     factor = 1.0 if path == "memcpy" else bus_factor(ranks)
-    # A latency and a bandwidth take two sizes at least to tell apart.
-    alpha, beta = stats.fit_alpha_beta(sizes, times) if len(sizes) > 1 else (math.nan, math.nan)
+    alpha, beta = stats.fit_alpha_beta(sizes, times) if fitted(sizes) else (math.nan, math.nan)
     return {
         "label": label,
         "path": path,

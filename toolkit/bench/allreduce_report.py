@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from toolkit.bench.allreduce import fitted
 from toolkit.units import size_label
 
 
@@ -31,13 +32,13 @@ def table(data: dict[str, Any]) -> str:
         return "no series measured"
     sizes = series[0]["sizes"]
     size_cells = "".join(f"{size_label(s):>9}" for s in sizes)
-    fitted = len(sizes) > 1  # a run of one size has no latency-bandwidth fit to show
-    fit_head = f"{'alpha us':>10}{'beta GB/s':>10}" if fitted else ""
+    fit = fitted(sizes)
+    fit_head = f"{'alpha us':>10}{'beta GB/s':>10}" if fit else ""
     lines = [f"{'busbw GB/s':40}{size_cells}{fit_head}"]
     for entry in series:
         cells = "".join(f"{bw:9.3f}" for bw in entry["busbw_gbs"])
-        fit = f"{entry['alpha_us']:10.1f}{entry['beta_busbw_gbs']:10.3f}" if fitted else ""
-        lines.append(f"{entry['label'][:40]:40}{cells}{fit}")
+        fit_cells = f"{entry['alpha_us']:10.1f}{entry['beta_busbw_gbs']:10.3f}" if fit else ""
+        lines.append(f"{entry['label'][:40]:40}{cells}{fit_cells}")
     lines.append("")
     lines.append(f"{'toolkit busbw / raw busbw':40}{size_cells}")
     for label, ratios, _ in ratio_lines(data):

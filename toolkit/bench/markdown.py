@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit.bench import record, targets
+from toolkit.bench.allreduce import fitted
 from toolkit.bench.allreduce_report import a_a_medians
 from toolkit.units import MIB, size_label
 
@@ -203,14 +204,14 @@ def allreduce_section(data: dict[str, Any], title: str, png: str) -> list[str]:
     series = data["series"]
     sizes = series[0]["sizes"] if series else []
 
-    fitted = len(sizes) > 1  # a run of one size has no latency-bandwidth fit to show
+    fit = fitted(sizes)
     head = ["path", *(size_label(s) for s in sizes)]
-    head += ["alpha (µs)", "beta (GB/s)"] if fitted else []
+    head += ["alpha (µs)", "beta (GB/s)"] if fit else []
     rows = [
         [
             s["label"],
             *(_f(bw, ".3f") for bw in s["busbw_gbs"]),
-            *([_f(s["alpha_us"], ".0f"), _f(s["beta_busbw_gbs"], ".3f")] if fitted else []),
+            *([_f(s["alpha_us"], ".0f"), _f(s["beta_busbw_gbs"], ".3f")] if fit else []),
         ]
         for s in series
     ]

@@ -171,9 +171,7 @@ def run_allreduce(args: argparse.Namespace) -> int:
     from toolkit.bench.step import log_stderr
 
     sizes = args.sizes or list(allreduce.FULL_SIZES if args.full else allreduce.DEFAULT_SIZES)
-    sweeps = tuple(
-        s for s in allreduce.SWEEPS if not args.sweeps or any(p in s.name for p in args.sweeps)
-    )
+    sweeps = allreduce.matching_sweeps(args.sweeps)
     if not sweeps:
         names = ", ".join(s.name for s in allreduce.SWEEPS)
         raise ToolkitError(f"--sweeps {args.sweeps}: matches no sweep", f"sweeps: {names}")
@@ -452,7 +450,7 @@ def resolve_allreduce_run(
 ) -> list[str] | None:
     """The command that launches on the sweeps of `headline` (allreduce.json) whose ratio at
     the target's size is not met, into targets.ALLREDUCE_RESOLVING_RUN; None when all are."""
-    from toolkit.bench.allreduce import SWEEPS
+    from toolkit.bench.allreduce import matching_sweeps
     from toolkit.bench.targets import (
         ALLREDUCE_RESOLVING_RUN,
         ALLREDUCE_SIZE,
@@ -463,10 +461,7 @@ def resolve_allreduce_run(
 
     short = {row.subject for row in allreduce_rows(headline, "") if row.verdict != MET}
     sweeps = [
-        sweep.name
-        for sweep in SWEEPS
-        if allreduce_subject(sweep) in short
-        and (not scale.sweeps or any(pattern in sweep.name for pattern in scale.sweeps))
+        sweep.name for sweep in matching_sweeps(scale.sweeps) if allreduce_subject(sweep) in short
     ]
     if not sweeps:
         return None
