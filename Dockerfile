@@ -3,7 +3,7 @@
 #
 # It installs through the same scripts/setup.sh that CI runs, with TOOLKIT_DEVICE=cuda, so the
 # image and CI cannot drift apart. tests/test_pins.py checks that the pins below match
-# scripts/setup.sh and pyproject.toml.
+# scripts/setup.sh and constraints.txt.
 #
 #   docker build -t toolkit:latest .
 #   docker run --gpus all toolkit:latest                       # toolkit doctor
@@ -42,11 +42,13 @@ RUN apt-get update && apt-get install -y --no-install-recommends \
 
 WORKDIR /opt/toolkit
 # Open MPI, CMake, torch, TF, DeepSpeed, mpi4py and Horovod (NCCL on cuda) exactly as CI installs
-# them, without the test cluster's packages (Slurm, munge). Only the setup scripts are copied
-# first, so a change to the toolkit's code does not rebuild this layer. When the build mounts a
-# wheel cache at $TOOLKIT_CACHE/wheels (scripts/build_image.sh does), setup.sh reuses its Horovod
-# and DeepSpeed wheels instead of compiling them.
+# them, without the test cluster's packages (Slurm, munge). Only the setup scripts and
+# constraints.txt (the tested versions they install through) are copied first, so a change to the
+# toolkit's code does not rebuild this layer. When the build mounts a wheel cache at
+# $TOOLKIT_CACHE/wheels (scripts/build_image.sh does), setup.sh reuses its Horovod and DeepSpeed
+# wheels instead of compiling them.
 COPY scripts/setup.sh scripts/build_horovod.sh scripts/build_deepspeed.sh /opt/toolkit/scripts/
+COPY constraints.txt /opt/toolkit/
 RUN TOOLKIT_INSTALL_SELF=0 TOOLKIT_TEST_CLUSTER=0 \
     TORCH_VERSION=$TORCH_VERSION TF_VERSION=$TF_VERSION DEEPSPEED_VERSION=$DEEPSPEED_VERSION \
     MPI4PY_VERSION=$MPI4PY_VERSION HOROVOD_VERSION=$HOROVOD_VERSION bash scripts/setup.sh \

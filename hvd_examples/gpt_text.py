@@ -46,7 +46,6 @@ from text_common import (
 from torch.utils.data import Dataset
 
 import toolkit
-from toolkit.launch.environment import split_local_rank_arg
 from toolkit.report import exit_on_user_error
 
 # Before transformers is imported (in build_model): never reach the Hugging Face hub, and do not
@@ -136,7 +135,7 @@ def continue_text(model: torch.nn.Module, prompt: bytes, length: int = 48) -> st
 
 
 def main() -> int:
-    argv, _ = split_local_rank_arg(sys.argv[1:])  # the deepspeed launcher appends --local_rank
+    argv = toolkit.script_args()  # without the deepspeed launcher's --local_rank
     args = parse_args(argv)
     spec = toolkit.load_spec(args.spec)
     steps = steps_to_train(args, spec)

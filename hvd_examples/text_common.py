@@ -36,7 +36,7 @@ PROMPT = b"DeepSpeed ZeRO-3 "
 def argument_parser(description: str) -> argparse.ArgumentParser:
     """The options both examples take; an example adds its own before parsing."""
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--spec", required=True, help="the training spec (YAML or JSON)")
+    parser.add_argument("--spec", help="the training spec; default: the one toolkit launch names")
     parser.add_argument(
         "--steps", type=int, help="optimizer steps to train (default: schedule.total_steps)"
     )
@@ -65,7 +65,8 @@ def steps_to_train(args: argparse.Namespace, spec: Any) -> int:
     steps: int | None = args.steps or spec.schedule.total_steps
     if steps is None:
         raise ToolkitError(
-            f"{args.spec}: schedule {spec.schedule.name} has no total_steps to train for",
+            f"{args.spec or 'the spec'}: schedule {spec.schedule.name} has no total_steps to "
+            "train for",
             "pass --steps N, or give the spec a schedule with total_steps",
         )
     return steps

@@ -29,7 +29,7 @@ from toolkit.report import exit_on_user_error, print_json, weights_digest
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", required=True, help="the training spec (YAML or JSON)")
+    parser.add_argument("--spec", help="the training spec; default: the one toolkit launch names")
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--min-accuracy", type=float, default=0.9)
     parser.add_argument(

@@ -24,13 +24,12 @@ import torch
 
 import toolkit
 from toolkit.datasets import digits
-from toolkit.launch.environment import split_local_rank_arg
 from toolkit.report import exit_on_user_error, print_json, weights_digest
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", required=True, help="the training spec (YAML or JSON)")
+    parser.add_argument("--spec", help="the training spec; default: the one toolkit launch names")
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--min-accuracy", type=float, default=0.9)
     parser.add_argument(
@@ -59,7 +58,7 @@ def accuracy(weights: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray) -> fl
 
 
 def main() -> int:
-    argv, _ = split_local_rank_arg(sys.argv[1:])  # the deepspeed launcher appends --local_rank
+    argv = toolkit.script_args()  # without the deepspeed launcher's --local_rank
     args = parse_args(argv)
     spec = toolkit.load_spec(args.spec)
     run = toolkit.init(spec)

@@ -1,7 +1,7 @@
 # Sourced by setup.sh: compiles Horovod 0.28.1 once and caches the wheel.
 #
 # Horovod's last release does not build as released against PyTorch >= 2.1 and TensorFlow 2.21.
-# patch_horovod_source applies the two fixes verified in shared/STACK.md:
+# patch_horovod_source applies two fixes (verified building with torch 2.13.0 and TF 2.21.0):
 #   1. C++14 -> C++17 in CMakeLists.txt and horovod/torch/CMakeLists.txt (PyTorch >= 2.1 and
 #      TF's bundled absl need C++17; upstream PR 3998 fixed it after the release).
 #   2. Drop xla_mpi_ops.cc from horovod/tensorflow/CMakeLists.txt: its XLA headers include

@@ -6,7 +6,7 @@
 #   bash scripts/build_image.sh run      # only the checks inside an image built before
 #
 # The base is Debian bookworm made locally with mmdebstrap and imported into podman (no registry
-# pull). What these machines need, found by building here (shared/STACK.md):
+# pull). What these machines need, found by building the image here (Debian 12, podman 4.3):
 #   - the runc runtime: Debian's default crun refuses the hybrid cgroup layout;
 #   - explicit ulimits (nofile, nproc), both in a containers.conf named by CONTAINERS_CONF;
 #   - the host's CA bundle mounted into RUN steps, or pip cannot verify the package registry;

@@ -23,8 +23,9 @@ LOG_DIR="$CACHE/logs"
 # (TOOLKIT_DEVICE=cuda) has no use for Slurm, so they are skipped there unless asked for.
 if [ "$DEVICE" = cuda ]; then TEST_CLUSTER="${TOOLKIT_TEST_CLUSTER:-0}"; else TEST_CLUSTER="${TOOLKIT_TEST_CLUSTER:-1}"; fi
 
-# The known-good pins (shared/STACK.md). The Dockerfile passes its ARGs of the same names;
-# tests/test_pins.py checks that pyproject.toml and the Dockerfile agree with these defaults.
+# The versions tested together (constraints.txt's), each overridable. The Dockerfile passes its
+# ARGs of the same names; tests/test_pins.py checks that constraints.txt, the Dockerfile's ARGs
+# and pyproject.toml's extras agree with these defaults.
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 TF_VERSION="${TF_VERSION:-2.21.0}"
 DEEPSPEED_VERSION="${DEEPSPEED_VERSION:-0.19.8}"
@@ -35,7 +36,30 @@ step() { printf '\n==> [setup] %s\n' "$*"; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 
 case "$DEVICE" in cpu|cuda) ;; *) die "TOOLKIT_DEVICE=$DEVICE: allowed values are cpu, cuda" ;; esac
+
+# The toolkit needs Python >= 3.11 (pyproject's requires-python): refuse before anything installs
+# or compiles. A venv already there runs its own Python, so that is the one checked.
+if [ -x "$VENV/bin/python" ]; then
+  CHECKED_PYTHON="$VENV/bin/python" PYTHON_FIX="remove $VENV and run again with PYTHON=python3.11"
+else
+  CHECKED_PYTHON="$PYTHON" PYTHON_FIX="install it and run again with PYTHON=python3.11"
+fi
+PYTHON_FOUND="$("$CHECKED_PYTHON" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null)" \
+  || die "no Python at PYTHON=$CHECKED_PYTHON; the toolkit needs Python >= 3.11: $PYTHON_FIX"
+"$CHECKED_PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+  || die "$CHECKED_PYTHON is Python $PYTHON_FOUND; the toolkit needs Python >= 3.11: $PYTHON_FIX"
+
 mkdir -p "$CACHE/wheels" "$LOG_DIR"
+
+# pip_install uses constraints.txt with its engine lines set from the variables: overrides win.
+CONSTRAINTS="$(mktemp)"
+trap 'rm -f "$CONSTRAINTS"' EXIT
+sed -e "s/^torch==.*/torch==$TORCH_VERSION/" \
+  -e "s/^tensorflow\(-cpu\)\{0,1\}==.*/tensorflow\1==$TF_VERSION/" \
+  -e "s/^deepspeed==.*/deepspeed==$DEEPSPEED_VERSION/" \
+  -e "s/^mpi4py==.*/mpi4py==$MPI4PY_VERSION/" \
+  -e "s/^horovod==.*/horovod==$HOROVOD_VERSION/" \
+  "$ROOT/constraints.txt" >"$CONSTRAINTS" || die "cannot read $ROOT/constraints.txt (the tested versions)"
 
 # Install the Debian packages not installed yet; `apt-get update` runs only when one is missing.
 apt_ensure() {
@@ -74,7 +98,8 @@ fi
 # This machine's pip config names local index folders that may not exist; pip warns about each
 # one for every package. Drop those lines so the named steps stay readable.
 pip_install() {
-  "$VENV/bin/python" -m pip install --quiet "$@" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
+  "$VENV/bin/python" -m pip install --quiet -c "$CONSTRAINTS" "$@" \
+    2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
 }
 echo "python: $("$VENV/bin/python" --version)"
 

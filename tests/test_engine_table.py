@@ -14,17 +14,16 @@ from pathlib import Path
 import pytest
 
 from toolkit import engines
+from toolkit.bench.cases import Native, native_for
+from toolkit.parity.cases import all_cases, framework_of
+from toolkit.plan.table import plan_rule
+from toolkit.spec import TrainSpec
 
 ROOT = Path(__file__).resolve().parents[1] / "toolkit"
 NAMES = set(engines.BACKENDS) | set(engines.LAUNCHERS)
-# A backend package may name its own engine (and the launchers it special-cases) freely.
-OWN_PACKAGES = (
-    "backends/ddp",
-    "backends/deepspeed",
-    "backends/horovod",
-    "backends/tf",
-    "backends/mpi",
-)
+# A backend package may name its own engine (and the launchers it special-cases) freely; the
+# MPI package serves the launchers, not one engine.
+OWN_PACKAGES = (*sorted({entry.package_dir for entry in engines.ENGINES}), "backends/mpi")
 
 
 def _names_in(node: ast.AST) -> set[str]:
@@ -94,3 +93,40 @@ def test_every_environment_a_launcher_produces_is_accepted_by_its_engines() -> N
 def test_unknown_pair_is_refused() -> None:
     with pytest.raises(engines.UnknownEngine, match="supported: ddp\\+torch"):
         engines.engine("ddp", "tensorflow")
+
+
+def _module_file(module: str) -> Path:
+    return ROOT.parent / (module.replace(".", "/") + ".py")
+
+
+def _defines(module: str, name: str) -> bool:
+    tree = ast.parse(_module_file(module).read_text())
+    return any(
+        isinstance(node, ast.ClassDef | ast.FunctionDef) and node.name == name for node in tree.body
+    )
+
+
+@pytest.mark.parametrize("entry", engines.ENGINES, ids=lambda e: e.name)
+def test_every_engine_row_has_each_part(entry: engines.Engine) -> None:
+    """One backend package and one row: the backend class, doctor probe, spec section, plan rule,
+    bench native script and parity cases all hang off it. Checked without importing an engine."""
+    module, _, name = entry.backend_class.partition(":")
+    assert module.startswith(f"toolkit.{entry.package_dir.replace('/', '.')}."), module
+    assert _defines(module, name), entry.backend_class
+    assert _module_file(entry.probe).is_file(), entry.probe
+    assert entry.spec_section in TrainSpec.model_fields, entry.spec_section
+    assert callable(plan_rule(entry)), entry.plan_rule
+    spec = TrainSpec.from_dict({"backend": entry.backend, "framework": entry.framework})
+    native = native_for(spec)
+    assert isinstance(native, Native) and native.path.is_file(), entry.bench_native
+    cases = [c for c in all_cases() if (c.spec["backend"], framework_of(c.spec)) == entry.key]
+    assert cases, f"no parity case runs {entry.name}"
+
+
+def test_the_row_check_fails_on_a_missing_part() -> None:
+    """The check above is not vacuous: a rule that does not exist is found."""
+    entry = engines.ENGINES[0]
+    missing = engines.Engine(**{**entry.__dict__, "plan_rule": "toolkit.plan.table:nothing"})
+    with pytest.raises(AttributeError):
+        plan_rule(missing)
+    assert not _defines("toolkit.plan.table", "nothing")

@@ -70,8 +70,7 @@ def only(pattern: str):  # type: ignore[no-untyped-def]
 # scheduler, ZeRO-3 with both offloads, the pipeline, MirroredStrategy, MultiWorkerMirrored) with
 # the recipe that exercises the most (Adam state, warmup and cosine decay), and both framework
 # references under the schedule. Elsewhere in `make test`, ZeRO-2 trains to the reference weights
-# across two hosts (tests/cluster), ZeRO-3 to Gloo's bits (test_deepspeed_shared_memory; ZeRO-0
-# and 2 too with TOOLKIT_MATRIX=full) and Horovod's Gloo controller in the engine cells.
+# across two hosts (tests/cluster) and Horovod's Gloo controller in the engine cells.
 # `TOOLKIT_PARITY=full make test` and `make demo` run every case.
 REPRESENTATIVE = [
     "ddp/torchrun:mlp:adamw-warmup-cosine",

@@ -20,7 +20,7 @@ from toolkit.cli import main
 from toolkit.plan import communication as comm
 from toolkit.plan import memory as mem
 from toolkit.plan.model_facts import ModelFacts, from_params
-from toolkit.plan.table import MIB, ZERO_LAYOUTS, PlanRow, layout_name, plan_rows, stage_split
+from toolkit.plan.table import MIB, plan_rows, stage_split
 from toolkit.spec import TrainSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -159,81 +159,11 @@ def test_communication_and_bubble_formulas() -> None:
 
 @pytest.mark.parametrize("view", [True, False])
 def test_ddp_buckets_are_a_second_gradient_copy_unless_views(view: bool) -> None:
-    ddp = {"gradient_as_bucket_view": view, "allreduce": "gloo"}
+    ddp = {"gradient_as_bucket_view": view}
     spec = TrainSpec.from_dict({"backend": "ddp", "ddp": ddp})
     (row,) = [r for r in plan_rows(spec, from_params(1000), 2) if r.name == "ddp+torch"]
     assert row.memory.device["gradients"] == 4000
     assert row.memory.device["buffers"] == (0 if view else 4000)
-
-
-@pytest.mark.parametrize(
-    ("ddp", "hosts", "ranks", "segment_mib"),
-    [
-        ({"allreduce": "auto"}, [], 2, 16),  # two slots of 4 MiB per rank
-        ({"allreduce": "auto"}, [], 4, 32),
-        ({"allreduce": "shared_memory"}, [], 2, 16),
-        ({"allreduce": "auto"}, [], 1, 0),  # one rank reduces nothing
-        ({"allreduce": "gloo"}, [], 2, 0),
-        ({"allreduce": "auto"}, ["a:1", "b:1"], 2, 0),  # ranks on two hosts: Gloo
-    ],
-)
-def test_ddp_counts_its_shared_memory_segment_where_it_has_one(
-    ddp: dict[str, str], hosts: list[str], ranks: int, segment_mib: int
-) -> None:
-    spec = TrainSpec.from_dict({"backend": "ddp", "ddp": ddp, "launch": {"hosts": hosts}})
-    (row,) = [r for r in plan_rows(spec, from_params(1000), ranks) if r.name == "ddp+torch"]
-    flags = 64 * ranks if segment_mib else 0  # a cache line per rank
-    assert row.memory.device["buffers"] == segment_mib * MIB + flags
-    assert ("shared-memory segment" in row.note) is bool(segment_mib)
-
-
-@pytest.mark.parametrize("choice", ["auto", "shared_memory"])
-def test_every_zero_stage_counts_the_shared_memory_segment(choice: str) -> None:
-    """Every ZeRO stage reduces its gradients and gathers its weights through it."""
-
-    def rows(allreduce: str) -> dict[str, PlanRow]:
-        spec = TrainSpec.from_dict({"backend": "deepspeed", "deepspeed": {"allreduce": allreduce}})
-        return {r.name: r for r in plan_rows(spec, from_params(1000), 2)}
-
-    through_gloo, through_shm = rows("gloo"), rows(choice)
-    for layout in ZERO_LAYOUTS:
-        name = layout_name(layout)
-        added = (
-            through_shm[name].memory.device["buffers"] - through_gloo[name].memory.device["buffers"]
-        )
-        assert added == 16 * MIB + 2 * 64, name
-        assert "shared-memory segment" in through_shm[name].note, name
-        assert "shared-memory segment" not in through_gloo[name].note, name
-
-
-@pytest.mark.parametrize(
-    ("stages", "send_recv", "hosts", "rings"),
-    [
-        (2, "auto", [], 2),  # to and from its one neighbour
-        (4, "shared_memory", [], 4),  # to and from each of two
-        (2, "gloo", [], 0),
-        (2, "auto", ["a:1", "b:1"], 0),  # ranks on two hosts: Gloo
-    ],
-)
-def test_a_pipeline_stage_counts_the_mailboxes_it_sends_through(
-    stages: int, send_recv: str, hosts: list[str], rings: int
-) -> None:
-    def pipeline_row(choice: str) -> PlanRow:
-        spec = TrainSpec.from_dict(
-            {
-                "backend": "deepspeed",
-                "pipeline": {"stages": stages},
-                "deepspeed": {"send_recv": choice},
-                "launch": {"hosts": hosts},
-            }
-        )
-        rows = plan_rows(spec, from_params(1000), stages)
-        return next(r for r in rows if r.name.startswith("deepspeed pipeline"))
-
-    through_gloo, row = pipeline_row("gloo"), pipeline_row(send_recv)
-    added = row.memory.device["buffers"] - through_gloo.memory.device["buffers"]
-    assert added == rings * (2 * MIB + 128)  # a 2 MiB ring and two cache lines each
-    assert ("shared-memory mailboxes" in row.note) is bool(rings)
 
 
 @pytest.mark.parametrize(

@@ -349,69 +349,19 @@ def test_port_ranges_end_at_65535(data: dict[str, object], path: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("data", "allowed"),
+    ("section", "key"),
     [
-        ({"backend": "ddp", "deepspeed": {"allreduce": "gloo"}}, "backend ddp does not read it"),
-        (
-            {
-                "backend": "deepspeed",
-                "pipeline": {"stages": 2},
-                "deepspeed": {"allreduce": "shared_memory"},
-            },
-            "with the pipeline engine",
-        ),
+        ("ddp", "allreduce"),
+        ("deepspeed", "allreduce"),
+        ("deepspeed", "send_recv"),
+        ("launch", "malloc"),
     ],
 )
-def test_deepspeed_allreduce_written_where_it_would_be_ignored_is_refused(
-    data: dict[str, object], allowed: str
+def test_removed_transport_and_allocator_keys_are_refused_with_what_replaced_them(
+    section: str, key: str
 ) -> None:
     with pytest.raises(SpecError) as caught:
-        TrainSpec.from_dict(data)
+        TrainSpec.from_dict({"backend": "deepspeed", section: {key: "auto"}})
     line = caught.value.one_line()
-    assert "deepspeed.allreduce=" in line and allowed in line and "HINT" in line, line
-
-
-@pytest.mark.parametrize(
-    ("data", "allowed", "hint"),
-    [
-        (
-            {"backend": "ddp", "deepspeed": {"send_recv": "gloo"}},
-            "backend ddp does not read it",
-            "remove deepspeed.send_recv",
-        ),
-        (
-            {"backend": "deepspeed", "deepspeed": {"send_recv": "shared_memory"}},
-            "only the pipeline engine sends between stages",
-            "or set pipeline.stages",
-        ),
-    ],
-)
-def test_deepspeed_send_recv_written_where_it_would_be_ignored_is_refused(
-    data: dict[str, object], allowed: str, hint: str
-) -> None:
-    with pytest.raises(SpecError) as caught:
-        TrainSpec.from_dict(data)
-    line = caught.value.one_line()
-    assert "deepspeed.send_recv=" in line and allowed in line and hint in line, line
-
-
-def test_deepspeed_send_recv_is_the_pipeline_engines_choice() -> None:
-    for choice in ("auto", "gloo", "shared_memory"):
-        data = {
-            "backend": "deepspeed",
-            "pipeline": {"stages": 2},
-            "deepspeed": {"send_recv": choice},
-        }
-        assert TrainSpec.from_dict(data).deepspeed.send_recv == choice
-    assert TrainSpec.from_dict({"backend": "ddp"}).deepspeed.send_recv == "auto"
-
-
-@pytest.mark.parametrize("stage", [0, 1, 2, 3])
-def test_deepspeed_allreduce_is_accepted_at_every_stage(stage: int) -> None:
-    for choice in ("auto", "gloo", "shared_memory"):
-        data = {
-            "backend": "deepspeed",
-            "zero": {"stage": stage},
-            "deepspeed": {"allreduce": choice},
-        }
-        assert TrainSpec.from_dict(data).deepspeed.allreduce == choice
+    assert f"{section}.{key}=" in line and "no longer has" in line, line
+    assert "HINT: remove it: " in line, line

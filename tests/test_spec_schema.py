@@ -102,3 +102,12 @@ def test_wrong_values_fail_both(data: dict[str, Any], tmp_path: Path) -> None:
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(data))
     assert main(["spec", "check", str(spec)]) == 2
+
+
+def test_the_committed_reference_page_is_current() -> None:
+    from toolkit.spec.reference import reference_text
+
+    committed = (ROOT / "docs" / "spec-reference.md").read_text(encoding="utf-8")
+    assert committed == reference_text(), (
+        "regenerate it: toolkit spec reference -o docs/spec-reference.md"
+    )

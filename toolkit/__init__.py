@@ -1,7 +1,7 @@
 """toolkit: one training script and one spec file on every established distributed engine.
 
     import toolkit
-    spec = toolkit.load_spec("train.yaml")
+    spec = toolkit.load_spec()        # the spec the job was launched with (or a path)
     run = toolkit.init(spec)
 
 Attributes are imported on first use, so `import toolkit` (and the CLI, and `toolkit doctor`)
@@ -19,6 +19,7 @@ _LAZY = {
     "init": "toolkit.runtime",
     "Run": "toolkit.runtime",
     "load_spec": "toolkit.spec",
+    "script_args": "toolkit.launch",
     "TrainSpec": "toolkit.spec",
     "SpecError": "toolkit.spec",
     "ToolkitError": "toolkit.errors",

@@ -5,7 +5,7 @@ The engines' own choices differ: torch and TensorFlow start one thread per core 
 process, Horovod, mpirun and the deepspeed launcher leave that as it is (deepspeed sets
 OMP_NUM_THREADS only with --bind_cores_to_rank), torchrun sets OMP_NUM_THREADS=1 whenever it
 starts more than one process. Ranks that together run more threads than there are cores make
-the compute threads fight the engines' communication threads (shared/STACK.md), and ranks
+the compute threads fight the engines' communication threads (seen on 2 cores), and ranks
 with one thread each leave the cores of a larger host idle; `auto` gives each rank its share.
 
 Where `auto` is resolved: once, by the renderers, into OMP_NUM_THREADS, with the cores of the

@@ -2,9 +2,11 @@
 
 For each (backend, framework) pair it holds the implied launcher, the launchers `toolkit launch`
 may start it with, the launch environments its ranks can run in, the class that implements it,
-the probe `toolkit doctor` runs for it and the per-rank environment it needs. Spec validation,
-the backend registry, doctor, the launch renderers and the parity cases all read this module,
-so the answer to "can launcher L start engine E?" is the same everywhere.
+the probe `toolkit doctor` runs for it, its spec section, plan rule and bench native script,
+and the per-rank environment it needs. Adding an engine is one backend package and one row
+here (CONTRIBUTING.md); tests/test_engine_table.py fails while a row lacks any part. Spec
+validation, the backend registry, doctor, the launch renderers and the parity cases all read this
+module, so the answer to "can launcher L start engine E?" is the same everywhere.
 
 Two vocabularies meet here:
 
@@ -103,6 +105,13 @@ class Engine:
     """The installed package the engine stands on; `toolkit doctor` reports by this name."""
     probe: str
     """Module `toolkit doctor` runs (`python -m`) to report on `package`."""
+    spec_section: str
+    """The TrainSpec field holding the settings only this engine reads."""
+    plan_rule: str
+    """"module:function" giving its rows of `toolkit plan` (toolkit.plan.table.PlanRule)."""
+    bench_native: str
+    """"module:attribute" of the native script `toolkit bench step` times it against
+    (a toolkit.bench.cases.Native)."""
     repair: str | None = None
     """A command that repairs a broken install beyond the usual `make setup`, if any."""
     launchers: tuple[Launcher, ...]
@@ -138,6 +147,16 @@ class Engine:
         return f"{self.backend}+{self.framework}"
 
     @property
+    def key(self) -> tuple[str, str]:
+        return (self.backend, self.framework)
+
+    @property
+    def package_dir(self) -> str:
+        """Its backend package, relative to toolkit/ ("backends/ddp")."""
+        module = self.backend_class.partition(":")[0]
+        return "/".join(module.split(".")[1:3])
+
+    @property
     def implied_launcher(self) -> Launcher:
         return self.launchers[0]
 
@@ -161,6 +180,9 @@ ENGINES: tuple[Engine, ...] = (
         backend_class="toolkit.backends.ddp.backend:DDPBackend",
         package="torch",
         probe="toolkit.backends.ddp.probe",
+        spec_section="ddp",
+        plan_rule="toolkit.plan.table:ddp_rows",
+        bench_native="toolkit.bench.cases:DDP",
         launchers=("torchrun", "mpirun", "deepspeed", "srun", "local"),
         standalone_environments=("torch_env", "single"),
     ),
@@ -170,6 +192,9 @@ ENGINES: tuple[Engine, ...] = (
         backend_class="toolkit.backends.deepspeed.backend:DeepSpeedBackend",
         package="deepspeed",
         probe="toolkit.backends.deepspeed.probe",
+        spec_section="deepspeed",
+        plan_rule="toolkit.plan.table:deepspeed_rows",
+        bench_native="toolkit.bench.cases:DEEPSPEED",
         launchers=("deepspeed", "torchrun", "mpirun", "srun", "local"),
         standalone_environments=("torch_env", "single"),
         zero=True,
@@ -187,6 +212,9 @@ ENGINES: tuple[Engine, ...] = (
         package="horovod",
         probe="toolkit.backends.horovod.probe",
         repair=_HOROVOD_REBUILD,
+        spec_section="horovod",
+        plan_rule="toolkit.plan.table:horovod_torch_rows",
+        bench_native="toolkit.bench.cases:HOROVOD_TORCH",
         launchers=("horovodrun", "mpirun"),
         standalone_environments=("single",),
         job_env=_HOROVOD_ENV,
@@ -199,6 +227,9 @@ ENGINES: tuple[Engine, ...] = (
         package="horovod",
         probe="toolkit.backends.horovod.probe",
         repair=_HOROVOD_REBUILD,
+        spec_section="horovod",
+        plan_rule="toolkit.plan.table:horovod_tf_rows",
+        bench_native="toolkit.bench.cases:HOROVOD_TF",
         launchers=("horovodrun", "mpirun"),
         standalone_environments=("single",),
         job_env=_HOROVOD_ENV,
@@ -212,6 +243,9 @@ ENGINES: tuple[Engine, ...] = (
         backend_class="toolkit.backends.tf.backend:TFBackend",
         package="tensorflow",
         probe="toolkit.backends.tf.probe",
+        spec_section="tf",
+        plan_rule="toolkit.plan.table:tf_rows",
+        bench_native="toolkit.bench.cases:TF_MWMS",
         launchers=("local", "mpirun", "srun"),
         standalone_environments=("tf_config", "single"),
         local_rank_env="toolkit.render.tf:local_rank_environments",

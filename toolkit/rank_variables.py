@@ -42,3 +42,7 @@ SUPERVISOR_VARIABLES = (TOOLKIT_HEARTBEAT, TOOLKIT_TAG_OUTPUT, TOOLKIT_JOB_ID)
 TOOLKIT_HOST = "TOOLKIT_HOST"
 """The host name a rank was started on, as the spec names it (set where the toolkit starts a
 rank over ssh itself): heartbeats name it instead of the machine's own hostname."""
+
+TOOLKIT_SPEC = "TOOLKIT_SPEC"
+"""The absolute path of the spec `toolkit launch` started the job with (given to every rank
+through launch.env), so a script's `toolkit.load_spec()` finds it without being told."""

@@ -19,7 +19,6 @@ import torch.distributed as dist
 from torch.optim.lr_scheduler import LambdaLR
 
 from toolkit.backends.base import refuse_missing_script_optimizer
-from toolkit.backends.shared_memory import SharedMemoryCollectives
 from toolkit.cores import bind_rank, threads_in_rank
 from toolkit.engines import MPI_ENVIRONMENTS
 from toolkit.errors import ToolkitError
@@ -220,26 +219,15 @@ class TorchCollectives:
     """allreduce, broadcast and barrier over torch.distributed, for backends built on it."""
 
     env: LaunchEnvironment
-    shm_collectives: SharedMemoryCollectives | None = None
-    """Set by a backend whose job sums through shared memory (toolkit.backends.shared_memory);
-    `run.allreduce` goes that way too from then on."""
 
     def allreduce(self, value: Any, op: str = "mean") -> Any:
         tensor = to_tensor(value).clone()
-        self.sum_across_ranks_(tensor)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return tensor / self.env.world_size if op == "mean" else tensor
 
     def allreduce_(self, tensor: Any, op: str = "mean") -> Any:
-        self.sum_across_ranks_(in_place_target(tensor, op))
+        dist.all_reduce(in_place_target(tensor, op), op=dist.ReduceOp.SUM)
         return tensor.div_(self.env.world_size) if op == "mean" else tensor
-
-    def sum_across_ranks_(self, tensor: torch.Tensor) -> None:
-        """Sum `tensor` over the ranks in place, through shared memory once the backend has set
-        it up, else through the process group."""
-        if self.shm_collectives is None:
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-        else:
-            self.shm_collectives.sum_(tensor)
 
     def broadcast(self, value: Any, root: int = 0) -> Any:
         tensor = to_tensor(value).clone()

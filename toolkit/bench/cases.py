@@ -4,20 +4,20 @@ the cases `toolkit bench step --all` runs.
 The native script of an engine is keyed by (backend, framework), the engine table's key. It
 gets the toolkit's settings the way that engine normally receives them: Horovod's from the
 launcher (the same plan the toolkit's run gets), DeepSpeed's as the config file the toolkit
-renders, TensorFlow's communication and every engine's thread count as arguments. With
-`defaults`, it gets only what picks the variant (the ZeRO stage, the pipeline) and the engine
-chooses everything else.
+renders, TensorFlow's communication and every engine's thread count as arguments; so
+toolkit / native is the adapter's own cost.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import importlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from toolkit import engines
 from toolkit.bench.workload import Workload
 from toolkit.errors import ToolkitError
 from toolkit.render import tf as render_tf
@@ -34,23 +34,12 @@ def _threads(spec: TrainSpec, _: Path) -> list[str]:
     return ["--threads", str(rendered_threads(spec))]
 
 
-def _nothing(spec: TrainSpec, _: Path) -> list[str]:
-    return []
-
-
 def _deepspeed_matched(spec: TrainSpec, workdir: Path) -> list[str]:
     path = workdir / "ds_config.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(deepspeed_config(spec, spec.world_size), indent=1))
-    return [*_threads(spec, workdir), "--ds-config", str(path), *_pipeline(spec)]
-
-
-def _deepspeed_defaults(spec: TrainSpec, _: Path) -> list[str]:
-    return ["--zero-stage", str(spec.zero.stage), *_pipeline(spec)]
-
-
-def _pipeline(spec: TrainSpec) -> list[str]:
-    return ["--pipeline-stages", str(spec.pipeline.stages)]
+    stages = ["--pipeline-stages", str(spec.pipeline.stages)]
+    return [*_threads(spec, workdir), "--ds-config", str(path), *stages]
 
 
 def _ddp_matched(spec: TrainSpec, workdir: Path) -> list[str]:
@@ -69,59 +58,35 @@ class Native:
     """File in toolkit/bench/native/."""
     matched: ArgumentsFor
     """Arguments that give it the toolkit's settings (may write files into the work dir)."""
-    defaults: ArgumentsFor
-    """Arguments that pick the same variant and leave every setting at the engine's default."""
-    toggles: tuple[str, ...] = ()
-    """The candidate-cost flags it understands beyond --loss-allreduce."""
 
     @property
     def path(self) -> Path:
         return NATIVE_DIR / self.script
 
 
-NATIVE: dict[tuple[str, str], Native] = {
-    ("ddp", "torch"): Native(script="ddp.py", matched=_ddp_matched, defaults=_nothing),
-    ("horovod", "torch"): Native(script="horovod_torch.py", matched=_threads, defaults=_nothing),
-    ("deepspeed", "torch"): Native(
-        script="ds_engine.py", matched=_deepspeed_matched, defaults=_deepspeed_defaults
-    ),
-    ("tf", "tensorflow"): Native(
-        script="tf_mwms.py",
-        matched=_tf_matched,
-        defaults=_nothing,
-        toggles=("--host-copy", "--torch-optimizer"),
-    ),
-    ("horovod", "tensorflow"): Native(
-        script="horovod_tf.py",
-        matched=_threads,
-        defaults=_nothing,
-        toggles=("--host-copy", "--torch-optimizer"),
-    ),
-}
+DDP = Native(script="ddp.py", matched=_ddp_matched)
+HOROVOD_TORCH = Native(script="horovod_torch.py", matched=_threads)
+DEEPSPEED = Native(script="ds_engine.py", matched=_deepspeed_matched)
+TF_MWMS = Native(script="tf_mwms.py", matched=_tf_matched)
+HOROVOD_TF = Native(script="horovod_tf.py", matched=_threads)
 
 
-FLOOR_SCRIPTS = {"torch": "floor_torch.py", "tensorflow": "floor_tf.py"}
-"""The physical floor of each framework's step: its compute alone, then the gradient bytes
-moved once (toolkit/bench/native/_floor.py)."""
+def native_for(spec: TrainSpec) -> Native | None:
+    """The native script the spec's engine row names (`Engine.bench_native`), None when the
+    spec's engine is not in the table."""
+    try:
+        entry = engines.engine(spec.backend, spec.framework_name)
+    except engines.UnknownEngine:
+        return None
+    module_name, _, name = entry.bench_native.partition(":")
+    native: Native = getattr(importlib.import_module(module_name), name)
+    return native
 
 
-def floor_for(spec: TrainSpec) -> Path:
-    return NATIVE_DIR / FLOOR_SCRIPTS[spec.framework_name]
-
-
-def floor_workload(workload: Workload, data_parallel: int) -> Workload:
-    """One rank's even share of the global batch, as one micro-batch of the whole model: the
-    floor splits a pipeline's work over its stages as it splits data over data-parallel ranks
-    (2 stages × 4 micro-batches of 32 is 64 samples per rank, as DDP's 64 per rank)."""
-    global_batch = workload.micro * workload.micro_batches * data_parallel
-    share = max(1, global_batch // workload.ranks)
-    return dataclasses.replace(workload, micro=share, micro_batches=1)
-
-
-def native_for(spec: TrainSpec) -> Native:
-    found = NATIVE.get((spec.backend, spec.framework_name))
+def require_native(spec: TrainSpec) -> Native:
+    found = native_for(spec)
     if found is None:
-        pairs = ", ".join(f"{b}+{f}" for b, f in NATIVE)
+        pairs = ", ".join(entry.name for entry in engines.ENGINES)
         raise ToolkitError(
             f"no native reference script for backend {spec.backend!r} with framework "
             f"{spec.framework_name!r}; the bench has {pairs}",

@@ -1,33 +1,77 @@
 """How every benchmark starts its rank programs: under the spec's own launcher, as a real job
-(toolkit.render + toolkit.launch), quietly, with a time limit; and how it says a launch failed."""
+(toolkit.render + toolkit.launch), quietly, with a time limit; and what a launch measured."""
 
 from __future__ import annotations
 
 import json
+import statistics
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from toolkit.bench.cases import require_native
+from toolkit.bench.workload import Workload
+from toolkit.errors import ToolkitError
 from toolkit.launch.runner import execute, launch_plan_here
-from toolkit.launch.supervisor import LaunchResult
 from toolkit.spec import TrainSpec
 
-
-def launch(spec: TrainSpec, command: list[str], *, timeout: float) -> LaunchResult:
-    """`command` (a program and its arguments) as the spec's launcher runs it."""
-    return execute(launch_plan_here(spec, command), spec, timeout=timeout, echo=False)
+RANKS = Path(__file__).parent / "ranks"
+LAUNCH_TIMEOUT_S = 600
 
 
-def launch_with_spec(
-    spec: TrainSpec, directory: Path, program: str, args: list[str], *, timeout: float
-) -> LaunchResult:
-    """`program --spec DIR/spec.json ARGS`: a rank program that starts the toolkit from `spec`."""
-    spec_file = directory / "spec.json"
-    spec_file.write_text(json.dumps(spec.to_dict()))
-    return launch(spec, [program, "--spec", str(spec_file), *args], timeout=timeout)
+@dataclass(frozen=True)
+class Measured:
+    """One launch: rank 0's seconds per timed step, and every rank's peak resident memory."""
+
+    step_s: list[float]
+    global_batch: int
+    peak_rss_bytes: list[int] = field(default_factory=list)
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.step_s) * 1e3
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.global_batch / statistics.median(self.step_s)
 
 
-def failure(outcome: LaunchResult, *, wrote: bool, missing: str) -> str | None:
-    """Why a launch gave no results (its report, or `missing` when it ended well without
-    writing them); None when it did."""
+def launch_rank_program(spec: TrainSpec, command: list[str]) -> None:
+    """`command` (a program and its arguments) as the spec's launcher runs it; a failed launch
+    is a ToolkitError carrying the launch's report."""
+    outcome = execute(launch_plan_here(spec, command), spec, timeout=LAUNCH_TIMEOUT_S, echo=False)
     if not outcome.ok:
-        return outcome.report()
-    return None if wrote else missing
+        raise ToolkitError(f"a benchmark launch failed: {outcome.report()}", "see the output above")
+
+
+def measure(
+    spec: TrainSpec,
+    kind: str,
+    workload: Workload,
+    workdir: Path,
+    *,
+    steps: int,
+    warmup: int,
+    model: str | None = None,
+) -> Measured:
+    """Launch the `toolkit` or `native` step of `spec` once and read what it wrote."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    out = workdir / f"{kind}.json"
+    out.unlink(missing_ok=True)
+    arguments = [*workload.arguments(steps=steps, warmup=warmup), "--out", str(out)]
+    if kind == "toolkit":
+        spec_file = workdir / "spec.json"
+        spec_file.write_text(json.dumps(spec.to_dict()))
+        extra = ["--model", model] if model else []
+        program = [str(RANKS / "toolkit_step.py"), "--spec", str(spec_file), *extra]
+    else:
+        native = require_native(spec)
+        program = [str(native.path), *native.matched(spec, workdir)]
+    launch_rank_program(spec, [*program, *arguments])
+    if not out.is_file():
+        raise ToolkitError(f"the {kind} launch ended without writing {out}", "see its output")
+    record = json.loads(out.read_text())
+    peaks = [
+        json.loads(path.read_text())["peak_rss_bytes"]
+        for path in sorted(workdir.glob(f"{kind}.rank*.json"))
+    ]
+    return Measured(record["step_s"], spec.batch_for().global_, peaks)

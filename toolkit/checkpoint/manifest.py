@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 
 from toolkit import __version__
 from toolkit.checkpoint.fragments import index_tensors
-from toolkit.checkpoint.tensorfile import DTYPES, TensorEntry, json_failure
+from toolkit.checkpoint.tensorfile import DTYPES, TensorEntry
 from toolkit.errors import ToolkitError
 
 FORMAT = "toolkit-checkpoint"
@@ -259,3 +259,12 @@ class _Checker:
         value = data.get(key)
         self.that(value is None or isinstance(value, dict), f"{key} must be an object or null")
         return value
+
+
+def json_failure(error: Exception) -> str:
+    """A short reason why bytes did not decode as JSON."""
+    if isinstance(error, UnicodeDecodeError):
+        return "not UTF-8 text"
+    if isinstance(error, RecursionError):
+        return "nested too deeply"
+    return str(error)[:100]

@@ -91,7 +91,7 @@ class Checkpoint:
         """One file's tensors, after its checksum and header have matched the manifest."""
         where = self.path / record.path
         buffer = read_verified(where, size=record.bytes, sha256=record.sha256)
-        arrays, _ = parse_tensors(buffer, where)
+        arrays = parse_tensors(buffer, where)
         listed = {entry.name: entry for entry in record.tensors}
         if set(arrays) != set(listed):
             raise ToolkitError(f"{where}: its tensors differ from those its manifest lists")

@@ -31,6 +31,7 @@ from toolkit.launch.outcome import EXIT_STATUS_HELP
 from toolkit.launch.runner import execute, launch_plan_here
 from toolkit.launch.slurm import allocation_tasks
 from toolkit.launch.supervisor import DEFAULT_STALL_SECONDS
+from toolkit.rank_variables import TOOLKIT_SPEC
 from toolkit.render.launchers import LaunchPlan
 from toolkit.spec import TrainSpec, load_spec
 
@@ -96,11 +97,19 @@ def within_allocation(spec: TrainSpec, environ: Mapping[str, str]) -> TrainSpec:
     return TrainSpec.from_dict(data)
 
 
+def naming_its_file(spec: TrainSpec, path: str) -> TrainSpec:
+    """`spec` with TOOLKIT_SPEC in launch.env: every rank's `toolkit.load_spec()` then reads
+    the file the job was launched with (a variable the user set there wins)."""
+    data = spec.to_dict()
+    data["launch"]["env"].setdefault(TOOLKIT_SPEC, os.path.abspath(path))
+    return TrainSpec.from_dict(data)
+
+
 def run(args: argparse.Namespace) -> int:
     timeout = seconds("--timeout", args.timeout)
     # Ranks beat once a second: a shorter stall timeout would stop healthy jobs.
     stall_timeout = seconds("--stall-timeout", args.stall_timeout, minimum=2 * INTERVAL)
-    spec = within_allocation(load_spec(args.spec), os.environ)
+    spec = naming_its_file(within_allocation(load_spec(args.spec), os.environ), args.spec)
     check_launcher(spec.backend, spec.framework_name, spec.launcher)
     plan = launch_plan_here(spec, args.command)
     if args.dry_run:

@@ -3,6 +3,7 @@
 toolkit spec check train.yaml                 one line: valid, and what it resolves to
 toolkit spec show train.yaml                  the full spec with every default, as YAML
 toolkit spec schema [-o FILE]                 the spec's JSON Schema (docs/spec.schema.json)
+toolkit spec reference [-o FILE]              the reference page (docs/spec-reference.md)
 toolkit spec from-deepspeed ds.json [-o F] [--world-size N] [--set KEY=VALUE ...] [--lossy]
     a spec from an existing DeepSpeed config. Every key is carried into the spec or refused
     by name (exit 2); --lossy imports anyway and lists each dropped key, with its value, in a
@@ -52,6 +53,13 @@ def _schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reference(args: argparse.Namespace) -> int:
+    from toolkit.spec.reference import reference_text
+
+    emit(reference_text(), args.output)
+    return 0
+
+
 def _from_deepspeed(args: argparse.Namespace) -> int:
     config = read_document(
         args.file, what="DeepSpeed config", field="deepspeed", limit=DEEPSPEED_CONFIG_LIMIT
@@ -88,6 +96,9 @@ def register(subparsers: Any) -> None:
     schema = actions.add_parser("schema", help="print the spec's JSON Schema (for editors)")
     add_output(schema)
     schema.set_defaults(func=_schema)
+    reference = actions.add_parser("reference", help="print the spec reference page (Markdown)")
+    add_output(reference)
+    reference.set_defaults(func=_reference)
     ds = actions.add_parser("from-deepspeed", help="turn a DeepSpeed config into a spec")
     ds.add_argument("file", help="ds_config.json")
     ds.add_argument("--world-size", type=positive_ranks, help="ranks the config was used with")

@@ -14,6 +14,7 @@ from typing import Any
 _LAZY = {
     "LaunchEnvironment": "toolkit.launch.environment",
     "detect_environment": "toolkit.launch.environment",
+    "script_args": "toolkit.launch.environment",
     "split_local_rank_arg": "toolkit.launch.environment",
     "LaunchResult": "toolkit.launch.outcome",
     "join_supervisor": "toolkit.launch.rank_side",

@@ -10,6 +10,7 @@ launcher's --local_rank argument (`DeepSpeedVariables`), Slurm's compressed list
 
 from __future__ import annotations
 
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -231,6 +232,12 @@ class Single(Detector):
 
 
 _LOCAL_RANK_FLAGS = ("--local_rank", "--local-rank")
+
+
+def script_args(argv: Sequence[str] | None = None) -> list[str]:
+    """A script's own arguments (default sys.argv[1:]) without the `--local_rank=N` the
+    deepspeed launcher appends: what to hand the script's argparse under every launcher."""
+    return split_local_rank_arg(sys.argv[1:] if argv is None else argv)[0]
 
 
 def split_local_rank_arg(argv: Sequence[str]) -> tuple[list[str], int | None]:

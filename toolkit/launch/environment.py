@@ -49,6 +49,7 @@ from toolkit.launch.detectors import (
     LaunchEnvironment,
     Single,
     Variables,
+    script_args,
     split_local_rank_arg,
 )
 from toolkit.launch.slurm import SlurmVariables
@@ -66,6 +67,7 @@ __all__ = [
     "LAUNCHERS",
     "LaunchEnvironment",
     "detect_environment",
+    "script_args",
     "split_local_rank_arg",
 ]
 

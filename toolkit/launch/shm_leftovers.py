@@ -1,7 +1,6 @@
 """Shared-memory files a job's engines leave in /dev/shm, removed when the job ends.
 
-DeepSpeed's CPU accelerator loads its shm_comm op in `deepspeed.init_distributed` (a user's own
-script runs it; the toolkit's backend turns the op off) and creates
+DeepSpeed's CPU accelerator loads its shm_comm op in `deepspeed.init_distributed` and creates
 /dev/shm/deepspeed_allreduce_buffer_* of 66 MiB a rank, which it never unlinks: every such job
 leaked 132 MiB with 2 ranks (seen after each test run here). Open MPI's shared-memory transport
 leaves its vader_segment.* files when mpirun is killed. `horovodrun --gloo` makes a
@@ -10,8 +9,7 @@ semaphores each (/dev/shm/sem.mp-*), which Python unlinks only when horovodrun e
 or its resource tracker outlives it: SIGKILLed with its tracker it leaves them (ten were found
 after a `make test`). In a process that has imported joblib (TensorFlow's import brings it in
 here) they are named sem.loky-PID-*: joblib's loky renames every multiprocessing semaphore. A
-fuller /dev/shm turns the toolkit's shared-memory allreduce off (`ddp.allreduce` and
-`deepspeed.allreduce`: auto) or fails jobs in containers, whose /dev/shm is 64 MiB by default.
+fuller /dev/shm fails jobs in containers, whose /dev/shm is 64 MiB by default.
 When a job's local processes have stopped, the supervisor removes the files it can tell the job
 made: named by an engine, owned by this user, created since the job started, and mapped by no
 live process (another job's are in use, or older); if the supervisor was killed, its watchdog
@@ -24,9 +22,7 @@ import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from toolkit import shm_layout
-
-SHM_DIRECTORY = Path(shm_layout.SHM_DIRECTORY)
+SHM_DIRECTORY = Path("/dev/shm")
 DEEPSPEED_BUFFERS = "deepspeed_allreduce_buffer_*"
 PYTHON_SEMAPHORES = ("sem.mp-*", "sem.loky-*")
 ENGINE_FILES = (DEEPSPEED_BUFFERS, "vader_segment.*", *PYTHON_SEMAPHORES)

@@ -17,9 +17,7 @@ Components (bytes per rank; P parameters, N data-parallel ranks, L the largest l
   gradient reduction in backward (`zero3_working`).
 - buffers: engine communication buffers, not in DeepSpeed's estimators but resident on a real
   run: DDP's gradient buckets (a second copy of the gradients unless ddp.gradient_as_bucket_view
-  makes the gradients views into them) and the shared-memory allreduce segment of DDP and ZeRO
-  (2 slots of 4 MiB per rank, mapped and touched whole by every rank, so in each one's RSS;
-  the DeepSpeed rows of a job that sums through Gloo leave it out), Horovod's fusion
+  makes the gradients views into them), Horovod's fusion
   buffer (the most a step touches, `horovod_fusion_bytes`), ZeRO-2/3's contiguous gradient
   bucket (the touched part; beside it, ZeRO-2 reduces a layer larger than the bucket in that
   layer's own gradient, `zero2_buckets`), ZeRO-3's flattened copy of it (`reduce_scatter_coalesced`
@@ -205,12 +203,9 @@ def zero(
     ranks: int,
     activations: float | None,
     first_layer: int | None = None,
-    segment: float = 0.0,
 ) -> Memory:
     """DeepSpeed's engine at a ZeRO stage (0 = its plain data parallelism); see module docs.
-    `first_layer`: parameters of the model's first layer, when known (ZeRO-3's working set);
-    `segment`: the shared memory a rank touches: the allreduce segment where the ranks sum through
-    it, the mailboxes a pipeline stage sends through."""
+    `first_layer`: parameters of the model's first layer, when known (ZeRO-3's working set)."""
     p, n, stage = float(parameters), ranks, layout.stage
     w = 2.0 if half(spec) else 4.0
     k = float(optimizer_bytes(spec))
@@ -223,7 +218,7 @@ def zero(
         device["gradients"] = w * p + (4.0 * p if half(spec) else 0.0)
         device["master"] = 4.0 * p / n if half(spec) else 0.0  # bf16/fp16 optimizer: partitioned
         device["optimizer"] = k * p / n if half(spec) else k * p
-        device["buffers"] = w * p + segment  # the flattened allreduce bucket, and the segment
+        device["buffers"] = w * p  # the flattened allreduce bucket
         return Memory(device=device, activations=activations)
     fp32_grad_partition = 4.0 * p / n
     states = {"master": 4.0 * p / n, "optimizer": k * p / n}
@@ -241,8 +236,7 @@ def zero(
         device["gradients"] = 0.0 if layout.offload_optimizer else fp32_grad_partition
         device["working"] = w * zero3_working(p, bucket, largest_layer, first_layer)
         device["buffers"] = 2.0 * reduce_bucket  # the contiguous bucket and its flattened copy
-    reducing = device["buffers"]  # what only the reduction holds, before the segment is added
-    device["buffers"] += segment
+    reducing = device["buffers"]  # what only the reduction holds
     never_together = 0.0
     if stage in (1, 2) and not layout.offload_optimizer:
         # ZeRO-1 in fp32 reduces after backward, with every gradient alive, and its epilogue

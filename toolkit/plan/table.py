@@ -3,6 +3,7 @@ offload choice of DeepSpeed, and its pipeline when the spec has one) for one spe
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import math
 from collections.abc import Callable
@@ -13,9 +14,7 @@ from toolkit import engines
 from toolkit.plan import communication as comm
 from toolkit.plan import memory as mem
 from toolkit.plan.model_facts import ModelFacts
-from toolkit.shm_layout import mailbox_bytes, mailboxes_per_rank, segment_bytes
 from toolkit.spec import TrainSpec
-from toolkit.spec.fields import AllreduceTransport
 from toolkit.units import MIB
 
 
@@ -60,44 +59,35 @@ class Setting:
         return float(sample * self.micro * mem.activation_bytes(self.spec) * in_flight)
 
 
-def _ddp(s: Setting) -> list[PlanRow]:
+def ddp_rows(s: Setting) -> list[PlanRow]:
     p = s.facts.parameters
     # Gradients that are views into the buckets need no second copy (ddp.gradient_as_bucket_view).
     buckets = 0.0 if s.spec.ddp.gradient_as_bucket_view else 4.0 * p
-    segment = float(segment_bytes(s.ranks)) if _shared_memory(s, s.spec.ddp.allreduce) else 0.0
-    memory = mem.replicated(s.spec, p, buffers=buckets + segment, activations=s.activations())
+    memory = mem.replicated(s.spec, p, buffers=buckets, activations=s.activations())
     sent = comm.allreduce_bytes(p, s.ranks, comm.gradient_bytes(s.spec, zero_engine=False))
-    parts = []
-    if buckets:
-        parts.append("DDP's gradient buckets")
-    if segment:
-        parts.append("the shared-memory segment")
-    note = f"buffers: {', '.join(parts)}" if parts else ""
+    note = "buffers: DDP's gradient buckets" if buckets else ""
     return [PlanRow("ddp+torch", memory, sent, note=note)]
 
 
-def _shared_memory(s: Setting, choice: AllreduceTransport) -> bool:
-    """Whether an engine reduces through the shared-memory segment (toolkit.backends.
-    shared_memory), as far as the spec tells: `shared_memory`, or `auto` with more than one rank
-    and every rank on one host. At run time `auto` also needs x86-64 and /dev/shm."""
-    one_host = len(s.spec.hosts) <= 1
-    return s.ranks > 1 and (choice == "shared_memory" or (choice == "auto" and one_host))
+def _horovod(s: Setting, framework: str) -> list[PlanRow]:
+    p = s.facts.parameters
+    threshold = float(s.spec.horovod.fusion_threshold * MIB)
+    layers = [4.0 * n for n in s.facts.layer_parameters]
+    fusion = mem.horovod_fusion_bytes(threshold, layers, gradient_bytes=4.0 * p)
+    memory = mem.replicated(s.spec, p, buffers=fusion, activations=s.activations())
+    sent = comm.allreduce_bytes(p, s.ranks, comm.gradient_bytes(s.spec, zero_engine=False))
+    return [PlanRow(f"horovod+{framework}", memory, sent, note="buffers: fusion buffer")]
 
 
-def _horovod(framework: str) -> Callable[[Setting], list[PlanRow]]:
-    def rows(s: Setting) -> list[PlanRow]:
-        p = s.facts.parameters
-        threshold = float(s.spec.horovod.fusion_threshold * MIB)
-        layers = [4.0 * n for n in s.facts.layer_parameters]
-        fusion = mem.horovod_fusion_bytes(threshold, layers, gradient_bytes=4.0 * p)
-        memory = mem.replicated(s.spec, p, buffers=fusion, activations=s.activations())
-        sent = comm.allreduce_bytes(p, s.ranks, comm.gradient_bytes(s.spec, zero_engine=False))
-        return [PlanRow(f"horovod+{framework}", memory, sent, note="buffers: fusion buffer")]
-
-    return rows
+def horovod_torch_rows(s: Setting) -> list[PlanRow]:
+    return _horovod(s, "torch")
 
 
-def _tf(s: Setting) -> list[PlanRow]:
+def horovod_tf_rows(s: Setting) -> list[PlanRow]:
+    return _horovod(s, "tensorflow")
+
+
+def tf_rows(s: Setting) -> list[PlanRow]:
     p = s.facts.parameters
     memory = mem.replicated(s.spec, p, buffers=0.0, activations=s.activations())
     sent = comm.allreduce_bytes(p, s.ranks, 4.0)
@@ -123,13 +113,8 @@ def layout_name(layout: mem.ZeroLayout) -> str:
     return name + (" offload opt" if layout.offload_optimizer else "")
 
 
-def _deepspeed(s: Setting) -> list[PlanRow]:
+def deepspeed_rows(s: Setting) -> list[PlanRow]:
     rows = []
-    # Every ZeRO stage reduces its gradients and gathers its weights through it (toolkit.
-    # backends.deepspeed.shared_memory_comm).
-    segment = (
-        float(segment_bytes(s.ranks)) if _shared_memory(s, s.spec.deepspeed.allreduce) else 0.0
-    )
     for layout in ZERO_LAYOUTS:
         memory = mem.zero(
             s.spec,
@@ -139,7 +124,6 @@ def _deepspeed(s: Setting) -> list[PlanRow]:
             ranks=s.ranks,
             activations=s.activations(),
             first_layer=s.facts.first_layer,
-            segment=segment,
         )
         sent = comm.zero_bytes(
             s.spec,
@@ -149,8 +133,6 @@ def _deepspeed(s: Setting) -> list[PlanRow]:
             micro_batches=s.micro_batches,
         )
         notes = []
-        if segment:
-            notes.append("buffers: the shared-memory segment")
         if not s.facts.largest_layer_known and layout.stage == 3:
             notes.append("largest layer = model")
         note = "; ".join(notes)
@@ -194,13 +176,6 @@ def _pipeline(s: Setting) -> PlanRow:
         if facts.layer_activations
         else None
     )
-    # The rings of the mailboxes this stage sends and receives through (toolkit.backends.
-    # shared_memory_p2p); the other ranks' rings in the segment it never touches.
-    mailboxes = (
-        float(mailbox_bytes(mailboxes_per_rank(stages)))
-        if _shared_memory(s, s.spec.deepspeed.send_recv)
-        else 0.0
-    )
     memory = mem.zero(
         s.spec,
         mem.ZeroLayout(stage=min(s.spec.zero.stage, 1)),
@@ -208,7 +183,6 @@ def _pipeline(s: Setting) -> PlanRow:
         largest_layer=facts.largest_layer,
         ranks=max(data_parallel, 1),
         activations=activations,
-        segment=mailboxes,
     )
     sent = comm.pipeline_bytes(
         s.spec,
@@ -218,7 +192,7 @@ def _pipeline(s: Setting) -> PlanRow:
         micro=batch.micro,
         micro_batches=batch.accumulation,
     )
-    notes = ["buffers: the pipeline's shared-memory mailboxes"] if mailboxes else []
+    notes = []
     if not cuts:
         notes.append("layers unknown: P/p per stage, activations not sent counted")
     note = "; ".join(notes)
@@ -226,14 +200,16 @@ def _pipeline(s: Setting) -> PlanRow:
     return PlanRow(name, memory, sent, comm.bubble(stages, batch.accumulation), note)
 
 
-RULES: dict[tuple[str, str], Callable[[Setting], list[PlanRow]]] = {
-    ("ddp", "torch"): _ddp,
-    ("horovod", "torch"): _horovod("torch"),
-    ("deepspeed", "torch"): _deepspeed,
-    ("tf", "tensorflow"): _tf,
-    ("horovod", "tensorflow"): _horovod("tensorflow"),
-}
-"""How each engine of the table holds a model; an engine without a rule is listed as such."""
+PlanRule = Callable[[Setting], list[PlanRow]]
+"""How one engine holds a model: its rows of the plan. Each engine's row of the engine table
+names its rule (`Engine.plan_rule`)."""
+
+
+def plan_rule(entry: engines.Engine) -> PlanRule:
+    module_name, _, name = entry.plan_rule.partition(":")
+    rule: PlanRule = getattr(importlib.import_module(module_name), name)
+    return rule
+
 
 TF_PRECISIONS = ("fp32",)
 
@@ -244,7 +220,5 @@ def plan_rows(spec: TrainSpec, facts: ModelFacts, ranks: int) -> list[PlanRow]:
     for entry in engines.ENGINES:
         if entry.framework == "tensorflow" and spec.precision not in TF_PRECISIONS:
             continue  # the TensorFlow engines run fp32 only (toolkit.backends.tf.common)
-        rule = RULES.get((entry.backend, entry.framework))
-        if rule is not None:
-            rows.extend(rule(setting))
+        rows.extend(plan_rule(entry)(setting))
     return rows

@@ -52,7 +52,7 @@ from toolkit.rank_variables import (
     TOOLKIT_RANK,
     TOOLKIT_WORLD_SIZE,
 )
-from toolkit.render import horovod, malloc
+from toolkit.render import horovod
 from toolkit.render.hostfile import hostfile
 from toolkit.render.layout import (
     Slot,
@@ -138,10 +138,9 @@ def program(spec: TrainSpec, command: Sequence[str], ctx: LaunchContext) -> list
 
 def base_env(spec: TrainSpec, *, threads: int | None = None) -> dict[str, str]:
     """Variables every rank gets from the toolkit: threads (`threads`, else
-    `rendered_threads`), the allocator's settings, Horovod settings, the network interface for
+    `rendered_threads`), Horovod settings, the network interface for
     torch's Gloo, launch.env."""
     env = {"OMP_NUM_THREADS": str(rendered_threads(spec) if threads is None else threads)}
-    env.update(malloc.environment(spec))
     job_env = _engine(spec).job_env
     if job_env is not None:
         env.update(_resolve(job_env)(spec))

@@ -20,7 +20,7 @@ from pydantic import Field
 
 from toolkit import engines
 from toolkit.spec.errors import SpecIssue
-from toolkit.spec.fields import AllreduceTransport, Section
+from toolkit.spec.fields import Section
 
 Dtype = Literal["fp32", "fp16", "bf16"]
 
@@ -62,24 +62,6 @@ class DeepSpeedSpec(Section):
         default=None,
         description="dtype gradients are all-reduced in; null = the precision's.",
     )
-    allreduce: AllreduceTransport = Field(
-        default="auto",
-        description="The toolkit's, not a ds_config key: how ZeRO reduces its gradients "
-        "(all-reduce at stages 0-2, reduce-scatter at 3) and gathers its weights (stages 1-3) "
-        "across ranks. gloo: DeepSpeed's torch.distributed process group, over TCP. "
-        "shared_memory: through /dev/shm, for ranks on one x86-64 host (as ddp.allreduce; 2 "
-        "slots of 4 MiB per rank). auto: shared_memory wherever it can run, else gloo. The "
-        "pipeline engine reduces through Gloo either way.",
-    )
-    send_recv: AllreduceTransport = Field(
-        default="auto",
-        description="The toolkit's, not a ds_config key: how the pipeline engine hands "
-        "activations and their gradients between stages. gloo: DeepSpeed's blocking "
-        "torch.distributed send and receive, over TCP; each send waits for its receive. "
-        "shared_memory: through a 2 MiB mailbox per direction between neighbouring stages in "
-        "/dev/shm, for ranks on one x86-64 host; a send returns once its bytes are in the "
-        "mailbox. auto: shared_memory wherever it can run, else gloo. The same bits either way.",
-    )
 
 
 def _issue(key: str, value: object, allowed: str) -> SpecIssue:
@@ -106,63 +88,6 @@ def deepspeed_issues(section: DeepSpeedSpec, backend: str, precision: str) -> It
         value = getattr(section, key)
         if value is not None and value != precision:
             yield _issue(key, value, f"{where} uses the precision's dtype ({precision})")
-
-
-def collectives_over_every_rank(pipeline_stages: int) -> bool:
-    """Whether DeepSpeed reduces gradients and gathers weights over every rank, the collectives
-    `deepspeed.allreduce` chooses the transport of: at every ZeRO stage (all-reduces at 0-2,
-    all-gathers at 1-3, reduce-scatters at 3) without the pipeline engine, which reduces over
-    groups of some ranks."""
-    return pipeline_stages == 1
-
-
-def allreduce_issues(
-    section: DeepSpeedSpec, backend: str, pipeline_stages: int
-) -> Iterator[SpecIssue]:
-    """`deepspeed.allreduce` written where it would be ignored: the transport is DeepSpeed's,
-    of the gradient reductions and weight gathers of ZeRO without the pipeline engine."""
-    if section.allreduce == "auto":
-        return
-    if not engines.engine(backend).deepspeed_settings:
-        yield SpecIssue(
-            path="deepspeed.allreduce",
-            value=section.allreduce,
-            allowed=f"the DeepSpeed engine's transport; backend {backend} does not read it",
-            hint="remove deepspeed.allreduce (ddp.allreduce is DDP's)",
-        )
-    elif section.allreduce == "shared_memory" and not collectives_over_every_rank(pipeline_stages):
-        yield SpecIssue(
-            path="deepspeed.allreduce",
-            value=section.allreduce,
-            allowed="auto or gloo with the pipeline engine, which reduces over Gloo in groups "
-            "of some ranks",
-            hint="set deepspeed.allreduce: auto, or remove the pipeline stages",
-        )
-
-
-def send_recv_issues(
-    section: DeepSpeedSpec, backend: str, pipeline_stages: int
-) -> Iterator[SpecIssue]:
-    """`deepspeed.send_recv` written where it would be ignored: only the pipeline engine sends
-    between stages."""
-    if section.send_recv == "auto":
-        return
-    if not engines.engine(backend).deepspeed_settings:
-        yield SpecIssue(
-            path="deepspeed.send_recv",
-            value=section.send_recv,
-            allowed=f"the DeepSpeed pipeline engine's transport; backend {backend} does not "
-            "read it",
-            hint="remove deepspeed.send_recv",
-        )
-    elif pipeline_stages == 1:
-        yield SpecIssue(
-            path="deepspeed.send_recv",
-            value=section.send_recv,
-            allowed="auto without pipeline stages: only the pipeline engine sends between "
-            "stages (pipeline.stages > 1)",
-            hint="remove deepspeed.send_recv, or set pipeline.stages",
-        )
 
 
 def bias_correction_issues(bias_correction: bool, backend: str) -> Iterator[SpecIssue]:

@@ -102,10 +102,6 @@ def _exact_int(value: Any) -> Any:
     return value
 
 
-AllreduceTransport = Literal["auto", "gloo", "shared_memory"]
-"""How DDP's and DeepSpeed's gradients are summed across ranks (toolkit.backends.shared_memory)."""
-Malloc = Literal["keep", "glibc"]
-"""How each rank's glibc malloc treats freed memory (toolkit.render.malloc)."""
 ZeroStage = Literal[0, 1, 2, 3]
 StrictStage = Annotated[ZeroStage, BeforeValidator(_exact_int)]
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from toolkit.rank_variables import TOOLKIT_SPEC
 from toolkit.spec.document import Document
 from toolkit.spec.errors import SpecError
 from toolkit.spec.json_reader import read_json
@@ -41,12 +44,38 @@ def read_document(
     return parse_document(text, str(path), root="" if field == "spec" else field)
 
 
-def load_spec(source: str | os.PathLike[str] | dict[str, Any]) -> TrainSpec:
-    """A validated TrainSpec from a YAML/JSON file path or already-parsed data.
+def launched_spec_path(
+    argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
+) -> str:
+    """The spec a script was started with: `--spec FILE` among its arguments, else the one
+    `toolkit launch` names in TOOLKIT_SPEC; SpecError when there is neither."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    for position, arg in enumerate(args):
+        if arg == "--spec" and position + 1 < len(args):
+            return args[position + 1]
+        if arg.startswith("--spec="):
+            return arg.removeprefix("--spec=")
+    path = (os.environ if env is None else env).get(TOOLKIT_SPEC)
+    if path:
+        return path
+    raise SpecError.single(
+        "spec",
+        None,
+        "no spec given: the script has no --spec argument and was not started by toolkit launch",
+        hint="start it with `toolkit launch --spec FILE -- SCRIPT`, pass --spec FILE, or call "
+        "load_spec(FILE)",
+    )
+
+
+def load_spec(source: str | os.PathLike[str] | dict[str, Any] | None = None) -> TrainSpec:
+    """A validated TrainSpec from a YAML/JSON file path or already-parsed data; with no
+    argument, the spec the script was started with (`launched_spec_path`).
 
     A relative launch.hostfile is read from the spec file's directory. Values in errors are
     shown as the file wrote them.
     """
+    if source is None:
+        source = launched_spec_path()
     if isinstance(source, dict):
         return TrainSpec.from_dict(source)
     path = Path(source)

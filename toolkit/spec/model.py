@@ -23,10 +23,8 @@ from toolkit.spec import rules
 from toolkit.spec.batch import ResolvedBatch, resolve_batch
 from toolkit.spec.deepspeed_section import (
     DeepSpeedSpec,
-    allreduce_issues,
     bias_correction_issues,
     deepspeed_issues,
-    send_recv_issues,
 )
 from toolkit.spec.errors import SpecError, SpecIssue
 from toolkit.spec.fields import Section, rule_error
@@ -169,10 +167,6 @@ class TrainSpec(Section):
         data = info.data
         if _have(info, "backend", "precision"):
             _raise(deepspeed_issues(section, data["backend"], data["precision"]))
-        if _have(info, "backend", "pipeline"):
-            stages = data["pipeline"].stages
-            _raise(allreduce_issues(section, data["backend"], stages))
-            _raise(send_recv_issues(section, data["backend"], stages))
         if _have(info, "zero", "clip_grad_norm", "precision"):
             accumulate = section.grad_accum_dtype
             _raise(

@@ -22,11 +22,9 @@ from pydantic import Field, PrivateAttr, ValidationInfo, field_validator
 
 from toolkit.engines import Controller, Launcher
 from toolkit.spec.fields import (
-    AllreduceTransport,
     Betas,
     Env,
     Hosts,
-    Malloc,
     Section,
     StrictStage,
     Text,
@@ -173,22 +171,12 @@ class LossScalingSpec(Section):
 
 
 REDUCE_BUCKET_ELEMENTS = 1 << 22
-"""The toolkit's ZeRO reduce bucket, 16 MiB in fp32, where DeepSpeed's default is 5e8 elements.
-
-DeepSpeed's ZeRO-1 and 2 (and a pipeline stage at ZeRO-1) allocate the whole bucket again for
-every backward (`setup_buckets` in deepspeed/runtime/zero/stage_1_and_2.py) and free it after
-the reduction. On a CPU that is glibc's: 5e8 fp32 elements are a fresh 2 GB mapping each step,
-and every page the gradients reach faults in anew (6,154 faults a step, 24 MiB, on the bench's
-6.3 M-parameter MLP; docs/bench/findings.md). Under `launch.malloc: keep`
-(toolkit.render.malloc) a bucket comes from the heap, which keeps its pages between steps: since
-2026-11-29 at any size, before only below 32 MiB (the finding above was made then); under
-glibc's own settings a bucket that large is mapped afresh each step. Kept, DeepSpeed's bucket
-faults no more, and a step with it still took 1.05 of the time with this one (ZeRO-2 1.052
-[1.007, 1.104], ZeRO-1 1.051 [0.939, 1.295]; docs/bench/settings-zero-default-bucket-keep.json).
-2**22 is also what Hugging Face's "auto" gives a 2048-wide model (hidden size squared). Each
-gradient element is still reduced once, whichever bucket holds it: with 2 ranks its sum is the
-same to the bit; with more, a ring all-reduce may add its terms in another order as bucket
-boundaries move, which can change its last bit."""
+"""The toolkit's ZeRO reduce bucket, 16 MiB in fp32, where DeepSpeed's default is 5e8 elements:
+ZeRO-1 and 2 allocate the whole bucket again for every backward, which on a CPU is a fresh
+mapping whose pages fault in every step (docs/engine-notes.md). 2**22 is what Hugging Face's
+"auto" gives a 2048-wide model. Each gradient element is reduced once whichever bucket holds it:
+with 2 ranks the sum is the same to the bit; with more a ring all-reduce may add its terms in
+another order as bucket boundaries move."""
 
 
 class ZeroSpec(Section):
@@ -358,13 +346,6 @@ class DdpSpec(Section):
         description="Gradients are views into the buckets (torch's default is false): no "
         "copy into the bucket before each all-reduce and back after it, and one copy of the "
         "gradients fewer in memory.",
-    )
-    allreduce: AllreduceTransport = Field(
-        default="auto",
-        description="How a bucket is summed across ranks. gloo: torch's process group, over "
-        "TCP. shared_memory: through /dev/shm, for ranks on one x86-64 host (the toolkit's "
-        "comm hook; 25 MB in a few ms against Gloo's 20), which must have room for 2 slots of "
-        "4 MiB per rank. auto: shared_memory wherever it can run, else gloo.",
     )
 
 
@@ -624,18 +605,6 @@ class LaunchSpec(Section):
         "made); false = the kernel moves threads between cores as it likes, the engines' and "
         "launchers' own choice here (the toolkit starts mpirun with --bind-to none). Changes "
         "no value.",
-    )
-    malloc: Malloc = Field(
-        default="keep",
-        description="What each rank's glibc malloc does with memory a step frees. keep: it "
-        "keeps it for the next step (GLIBC_TUNABLES: no block mapped on its own, however "
-        "large, and no automatic trimming), so a step does not page-fault its temporaries in "
-        "again (a CPU step of an 8-layer MLP that frees its gradients in 0.84 of the time in "
-        "one process, of an MLP with a 64 MiB weight in 0.80; "
-        "no difference resolved in 2-rank engine steps of the 8-layer MLP, which hardly fault); "
-        "resident memory stays near its high point; it replaces a GLIBC_TUNABLES the ranks "
-        "would inherit (set yours in launch.env, which wins). glibc: glibc's own settings, "
-        "and the environment's GLIBC_TUNABLES passes through. Changes no value.",
     )
     env: Env = Field(
         default_factory=dict, description="Extra environment variables for every rank."

@@ -4,9 +4,6 @@ Accumulation uses DDP's own `no_sync()`: gradients of all but the last micro-bat
 and the last backward all-reduces the sum. Each micro-batch's loss is divided by the number of
 micro-batches, and DDP averages over ranks, so the step's gradient is the global-batch mean.
 
-Buckets, and `run.allreduce` after `prepare`, are summed through shared memory when every rank
-is on one host (`ddp.allreduce`, toolkit/backends/shared_memory.py), through Gloo otherwise.
-
 Evaluation runs the unwrapped module: DDP's own forward would broadcast buffers, a collective
 that evaluation does not need.
 """
@@ -22,11 +19,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from toolkit.backends import shared_memory, torch_state
 from toolkit.backends import torch_batches as batches
 from toolkit.backends import torch_common as common
+from toolkit.backends import torch_state
 from toolkit.backends.base import Backend, LossFn, MetricFn, MicroBatch, StateShare
-from toolkit.backends.ddp.comm_hook import comm_hook
 from toolkit.backends.torch_data import TorchData
 from toolkit.checkpoint import CheckpointState
 
@@ -57,14 +53,6 @@ class DDPBackend(common.TorchCollectives, TorchData, Backend):
             bucket_cap_mb=self.spec.ddp.bucket_cap_mb,
             gradient_as_bucket_view=self.spec.ddp.gradient_as_bucket_view,
         )
-        self.shm_collectives = shared_memory.open_if_chosen(
-            self.spec.ddp.allreduce,
-            field="ddp.allreduce",
-            env=self.env,
-            timeout_s=self.spec.timeouts.collective_s,
-        )
-        if self.shm_collectives is not None:
-            self.model.register_comm_hook(self.shm_collectives, comm_hook)
         lr = self.spec.effective_lr(self.env.world_size)
         self.optimizer = optimizer or common.build_optimizer(self.model.parameters(), self.spec, lr)
         self.scheduler = common.lr_scheduler(self.optimizer, self.spec)

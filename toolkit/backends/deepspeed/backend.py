@@ -15,22 +15,11 @@ Findings:
 - `named_parameters()` lists a tied parameter (GPT-2's lm_head.weight is wte.weight) once, so
   weights read that way lost the second name. `full_state_dict` walks the module's own
   `state_dict(keep_vars=True)`, which lists every name, and gathers each shared tensor once.
-- On the CPU accelerator `init_distributed` JIT-builds and loads a shared-memory allreduce op
-  (deepspeed_shm_comm) that serves only `inference_all_reduce`, never training. Its build takes
-  a lock file in torch's extension cache (~/.cache/torch_extensions/.../lock) that a killed job
-  leaves behind, after which every DeepSpeed start waits on it forever (seen here: a parity run
-  hung in torch's FileBaton.wait after an earlier job was SIGKILLed mid-build). The backend marks
-  the op incompatible in `deepspeed.ops.__compatible_ops__`, so DeepSpeed skips it; `toolkit
-  doctor` reports stale locks of the ops training does build (cpu_adam for offload). The
-  toolkit's setup compiles both ops into the DeepSpeed package (scripts/build_deepspeed.sh),
-  so no job builds them there; the skip serves DeepSpeed installed the usual way.
-- DeepSpeed has no setting for the transport of its gradient reductions and weight gathers; on
-  one host every ZeRO stage runs them through the toolkit's shared memory by wrapping
-  DeepSpeed's communication backend (`deepspeed.allreduce`,
-  toolkit.backends.deepspeed.shared_memory_comm), the same bits as Gloo with 2 ranks.
-- The pipeline engine's sends between stages are blocking rendezvous over Gloo; on one host they
-  go through shared-memory mailboxes instead (`deepspeed.send_recv`,
-  toolkit.backends.deepspeed.send_recv_comm), the same bits.
+- On the CPU accelerator `init_distributed` loads a shared-memory op (deepspeed_shm_comm) that
+  serves only `inference_all_reduce`, never training: it leaves 66 MiB of /dev/shm per rank
+  behind, and its JIT build's lock, left by a killed job, hangs every later start
+  (docs/engine-notes.md). The backend marks it incompatible in `deepspeed.ops.__compatible_ops__`
+  so that DeepSpeed skips it; training's transport is DeepSpeed's own either way.
 - Runs sometimes aborted at exit ("terminate called without an active exception") while
   DeepSpeed still held its process groups; see `torch_common.release_process_groups`.
 - The pipeline engine registers each layer under its global index, so a stage's state-dict keys
@@ -53,9 +42,9 @@ from deepspeed.accelerator import get_accelerator
 from deepspeed.pipe import PipelineModule
 from deepspeed.utils import safe_get_full_fp32_param
 
-from toolkit.backends import shared_memory, shared_memory_p2p, torch_state
 from toolkit.backends import torch_batches as batches
 from toolkit.backends import torch_common as common
+from toolkit.backends import torch_state
 from toolkit.backends.base import (
     Backend,
     LossFn,
@@ -64,12 +53,11 @@ from toolkit.backends.base import (
     StateShare,
     refuse_missing_script_optimizer,
 )
-from toolkit.backends.deepspeed import pipeline, send_recv_comm, shared_memory_comm, state
+from toolkit.backends.deepspeed import pipeline, state
 from toolkit.backends.torch_data import TorchData
 from toolkit.checkpoint import CheckpointState
 from toolkit.errors import ToolkitError
 from toolkit.render.deepspeed import deepspeed_config
-from toolkit.spec.deepspeed_section import collectives_over_every_rank
 
 # The builder name deepspeed.comm.torch.build_shm_op looks up in ops.__compatible_ops__.
 SHM_COMM_OP = "deepspeed_shm_comm"
@@ -93,8 +81,7 @@ class DeepSpeedBackend(common.TorchCollectives, TorchData, Backend):
             )
         common.configure_threads(self.spec, self.env)
         common.export_torch_env(self.env, common.rendezvous(self.spec, self.env))
-        # Not needed for training, and its JIT build can hang every later start (module docs).
-        deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False
+        deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False  # inference only (module docs)
         common.apply_collective_timeout(common.collective_timeout(self.spec))
         deepspeed.init_distributed(
             dist_backend="gloo",
@@ -103,21 +90,6 @@ class DeepSpeedBackend(common.TorchCollectives, TorchData, Backend):
             timeout=common.collective_timeout(self.spec),
             verbose=False,
         )
-        self._collectives_through_shared_memory()
-
-    def _collectives_through_shared_memory(self) -> None:
-        """ZeRO's gradient reductions and weight gathers, and `run.allreduce`, through /dev/shm
-        where `deepspeed.allreduce` resolves so (shared_memory_comm)."""
-        if not collectives_over_every_rank(self.spec.pipeline.stages):
-            return
-        self.shm_collectives = shared_memory.open_if_chosen(
-            self.spec.deepspeed.allreduce,
-            field=shared_memory_comm.FIELD,
-            env=self.env,
-            timeout_s=self.spec.timeouts.collective_s,
-        )
-        if self.shm_collectives is not None:
-            shared_memory_comm.install(self.shm_collectives)
 
     def prepare(self, model: Any, optimizer: Any | None = None) -> Any:
         module = common.require_module(model)
@@ -144,23 +116,7 @@ class DeepSpeedBackend(common.TorchCollectives, TorchData, Backend):
             scheduler.step()
         # bf16 makes DeepSpeed cast the whole model; floating inputs must follow (module docs).
         self.input_dtype = next(self.engine.module.parameters()).dtype
-        if self.uses_pipeline:
-            self._sends_through_shared_memory()
         return self.engine
-
-    def _sends_through_shared_memory(self) -> None:
-        """The pipeline's sends between stages through /dev/shm mailboxes where
-        `deepspeed.send_recv` resolves so (send_recv_comm); between the ranks the engine's grid
-        pairs, so after the engine is built."""
-        self.mailboxes = shared_memory_p2p.open_if_chosen(
-            self.spec.deepspeed.send_recv,
-            field=send_recv_comm.FIELD,
-            env=self.env,
-            pairs=send_recv_comm.neighbour_pairs(self.engine.grid.p2p_groups),
-            timeout_s=self.spec.timeouts.collective_s,
-        )
-        if self.mailboxes is not None:
-            send_recv_comm.install(self.mailboxes, self.engine)
 
     def _client_scheduler(self, optimizer: torch.optim.Optimizer) -> Any:
         return common.lr_scheduler(optimizer, self.spec)
@@ -287,7 +243,6 @@ class DeepSpeedBackend(common.TorchCollectives, TorchData, Backend):
     def shutdown(self) -> None:
         # deepspeed.comm's destroy also drops DeepSpeed's cached groups; it logs on stdout.
         def destroy() -> None:
-            shared_memory_comm.uninstall()
             with contextlib.redirect_stdout(io.StringIO()):
                 deepspeed.comm.destroy_process_group()
 

@@ -15,8 +15,7 @@ parameters are broadcast), so the state is broadcast only when there is some (a 
 Clipping must see the all-reduced gradient: `synchronize()` first, clip, then `step()` inside
 `skip_synchronize()`, as Horovod's docs prescribe.
 
-Every wait polls first (`waiting.wait_quietly`): Horovod's own wait spins a core while a peer is
-late or stalled.
+Every collective waits with Horovod's own `synchronize`.
 """
 
 from __future__ import annotations
@@ -33,11 +32,6 @@ from toolkit.backends import torch_common as common
 from toolkit.backends import torch_state
 from toolkit.backends.base import Backend, LossFn, MetricFn, MicroBatch, StateShare
 from toolkit.backends.horovod.settings import check_world_size, export_environment
-from toolkit.backends.horovod.waiting import (
-    pending_gradient_handles,
-    spin_budget,
-    wait_quietly,
-)
 from toolkit.backends.torch_data import TorchData
 from toolkit.checkpoint import CheckpointState
 from toolkit.errors import ToolkitError
@@ -50,15 +44,12 @@ COMPRESSION = {"Compression.none": hvd.Compression.none, "Compression.fp16": hvd
 class HorovodTorchBackend(TorchData, Backend):
     model: torch.nn.Module
     optimizer: Any
-    over_mpi: bool
-    """Whether Horovod's controller is MPI's (asked of Horovod once, after `hvd.init()`)."""
 
     def setup(self) -> None:
         common.configure_threads(self.spec, self.env)
         export_environment(self.spec, self.env)
         hvd.init()
         check_world_size(hvd.size(), self.env)
-        self.over_mpi = hvd.mpi_enabled()
         if self.spec.precision == "fp16":
             raise ToolkitError(
                 "precision='fp16' with backend horovod is not supported: Horovod has no loss "
@@ -95,7 +86,6 @@ class HorovodTorchBackend(TorchData, Backend):
                 loss = batches.micro_batch_loss(self.model, batch, loss_fn)
             batches.share_of_step(loss, count).backward()
             losses.append(loss.detach())
-        wait_quietly(pending_gradient_handles(self.optimizer))
         if self.spec.clip_grad_norm > 0:
             self.optimizer.synchronize()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.clip_grad_norm)
@@ -133,26 +123,20 @@ class HorovodTorchBackend(TorchData, Backend):
     def allreduce(self, value: Any, op: str = "mean") -> Any:
         reduce_op = hvd.Average if op == "mean" else hvd.Sum
         tensor = common.to_tensor(value)
-        return self._finish(hvd.allreduce_async(tensor, op=reduce_op), tensor)
+        return hvd.allreduce(tensor, op=reduce_op)
 
     def allreduce_(self, tensor: Any, op: str = "mean") -> Any:
         reduce_op = hvd.Average if op == "mean" else hvd.Sum
         target = common.in_place_target(tensor, op)
-        return self._finish(hvd.allreduce_async_(target, op=reduce_op), target)
+        hvd.allreduce_(target, op=reduce_op)
+        return tensor
 
     def broadcast(self, value: Any, root: int = 0) -> Any:
         tensor = common.to_tensor(value)
-        return self._finish(hvd.broadcast_async(tensor, root_rank=root), tensor)
+        return hvd.broadcast(tensor, root_rank=root)
 
     def barrier(self) -> None:
         hvd.barrier()
-
-    def _finish(self, handle: Any, tensor: torch.Tensor) -> Any:
-        """Wait for one collective on `tensor` (spinning as long as its bytes could take, over
-        MPI; see waiting.py) and return its result."""
-        nbytes = tensor.nelement() * tensor.element_size()
-        wait_quietly([handle], spin_s=spin_budget(nbytes, over_mpi=self.over_mpi))
-        return hvd.synchronize(handle)
 
     def shutdown(self) -> None:
         hvd.shutdown()

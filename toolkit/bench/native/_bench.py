@@ -80,9 +80,8 @@ class Clock:
     """Per-step wall seconds, this process's CPU seconds and its minor page faults (all its
     threads: the engine's communication threads too). On a machine other jobs share, wall time
     also counts the time the process waited for a core; CPU time does not, but misses time spent
-    asleep waiting for a peer or for Horovod's next cycle. The bench reports both. The faults
-    count memory the step touched for the first time since the allocator returned it to the
-    kernel (what `launch.malloc` is about, toolkit/render/malloc.py)."""
+    asleep waiting for a peer or for Horovod's next cycle. The faults count memory the step
+    touched for the first time since the allocator returned it to the kernel."""
 
     def __init__(self) -> None:
         self.wall: list[float] = []
@@ -123,14 +122,12 @@ def write(
     world: int,
     clock: Clock,
     loss: float,
-    measures: dict[str, Any] | None = None,
     **settings: Any,
 ) -> None:
-    """Rank 0's record; `measures` are figures beside the step times (the floor's parts)."""
+    """Rank 0's record."""
     if rank != 0:
         return
     record = {
-        **(measures or {}),
         "step_s": clock.wall,
         "cpu_s": clock.cpu,
         "faults": clock.faults,
