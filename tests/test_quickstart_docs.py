@@ -2,13 +2,20 @@
 
 A code block in README.md that shows a file is preceded by a marker line naming the file,
 `<!-- quickstart:hvd_examples/quickstart.py -->`, then a fenced block (```yaml or ```python)
-whose body must equal that file. No engine is started: this reads text only.
+whose body must equal that file. The last test runs the README's launch command for real.
 """
 
 from __future__ import annotations
 
 import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
+
+from tests.realrun import rank_env
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -63,3 +70,24 @@ def test_readme_is_at_most_280_lines() -> None:
     assert lines <= MAX_README_LINES, (
         f"README.md has {lines} lines; the limit is {MAX_README_LINES}"
     )
+
+
+@pytest.mark.multiproc
+def test_the_quickstart_trains_under_toolkit_launch_as_written(no_orphans: None) -> None:
+    """The README's command, run in the repository as a user would after install: 2 real
+    ranks under `toolkit launch`, to the accuracy the digits MLP reaches."""
+    assert LAUNCH in readme_text()
+    argv = shlex.split(LAUNCH)
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / argv[0]), *argv[1:]],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=rank_env(),
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    found = re.search(r"held-out loss [0-9.]+, accuracy ([0-9.]+)", result.stdout)
+    assert found, result.stdout[-2000:]
+    assert float(found[1]) >= 0.9, found[0]

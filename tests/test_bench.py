@@ -1,0 +1,57 @@
+"""Pure logic of the bench commands: sizes, bandwidth, which specs a native script matches."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from toolkit.bench.allreduce import bus_bandwidth
+from toolkit.bench.compare import same_step_as_native, workload_of
+from toolkit.bench.step import CaseResult
+from toolkit.commands.bench import _size
+from toolkit.spec import TrainSpec
+
+
+@pytest.mark.parametrize(
+    ("text", "size"), [("4096", 4096), ("4K", 4096), ("4KiB", 4096), ("64M", 64 << 20)]
+)
+def test_sizes_are_read_with_their_units(text: str, size: int) -> None:
+    assert _size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "K", "2", "4X", "-4K", "1.5M"])
+def test_bad_sizes_are_refused(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        _size(text)
+
+
+def test_bus_bandwidth_is_the_ring_share_of_the_message() -> None:
+    assert bus_bandwidth(1000, 2, 1.0) == 1000.0  # 2 (n-1)/n = 1 with 2 ranks
+    assert bus_bandwidth(1000, 4, 0.5) == 3000.0
+    assert bus_bandwidth(1000, 1, 1.0) == 0.0
+
+
+def _spec(**fields: object) -> TrainSpec:
+    return TrainSpec.from_dict({"backend": "ddp", "launch": {"np": 2}, **fields})
+
+
+def test_only_a_plain_sgd_fp32_step_is_compared_with_a_native_script() -> None:
+    sgd = {"optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9}}
+    assert same_step_as_native(_spec(**sgd), model=None)
+    assert not same_step_as_native(_spec(**sgd), model="mine:factory")
+    assert not same_step_as_native(_spec(), model=None)  # adamw
+    assert not same_step_as_native(_spec(**sgd, clip_grad_norm=1.0), model=None)
+
+
+def test_the_native_workload_is_the_specs_step() -> None:
+    spec = _spec(batch={"global": 64, "micro": 16}, optimizer={"name": "sgd", "lr": 0.2})
+    workload = workload_of(spec, (8, 4))
+    assert (workload.micro, workload.micro_batches, workload.ranks) == (16, 2, 2)
+    assert workload.lr == 0.2 and workload.layers == (8, 4)
+
+
+def test_a_cases_ratio_is_taken_within_each_repetition() -> None:
+    result = CaseResult("x", {"native": [10.0, 20.0, 30.0], "toolkit": [11.0, 20.0, 27.0]})
+    assert result.ratios == pytest.approx([1.1, 1.0, 0.9])
+    assert result.ratio == pytest.approx(1.0)
