@@ -4,9 +4,9 @@ No download is possible on the machines this project runs on, so examples and ac
 use the copy inside the scikit-learn package.
 
 The file is read the way `sklearn.datasets.load_digits` reads it (`np.loadtxt` of the gzipped
-CSV, the last column the label), without importing scikit-learn: that import pulls in SciPy and
-took 3.5 of a parity rank's 9.5 s on this project's 2-core machine, in every rank of every job
-(2026-11-27). tests/test_digits.py holds the arrays to `load_digits`' bit for bit.
+CSV, the last column the label), without importing scikit-learn: that import pulls in SciPy, a
+large part of every rank's start (docs/engine-notes.md). tests/test_digits.py holds the arrays
+to `load_digits`' bit for bit.
 """
 
 from __future__ import annotations

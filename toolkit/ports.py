@@ -25,12 +25,11 @@ def free_port_range(count: int, host: str = "127.0.0.1") -> int:
     """The first of `count` consecutive TCP ports that were all free on `host` a moment ago,
     below the kernel's ephemeral range.
 
-    For engines that listen on a port per rank (TF's workers at tf.port + rank). Finding (a
-    parity run): with tf.port from `free_port`, worker 1 once failed with "Could not start gRPC
-    server". `free_port` hands out a port from the ephemeral range, and Linux gives bind() and
-    connect() ports of opposite parity there, so tf.port + 1 is exactly the kind of port an
-    outgoing connection of another job holds. Below the ephemeral range only listeners take
-    ports, and each port of the range is checked.
+    For engines that listen on a port per rank (TF's workers at tf.port + rank). A port from
+    `free_port` lies in the ephemeral range, where Linux gives bind() and connect() ports of
+    opposite parity, so tf.port + 1 is exactly the kind of port an outgoing connection of
+    another job holds, and worker 1 could fail with "Could not start gRPC server". Below the
+    ephemeral range only listeners take ports, and each port of the range is checked.
     """
     ephemeral_low = _ephemeral_low()
     candidates = list(range(LOWEST_LISTEN_PORT, ephemeral_low - count + 1))

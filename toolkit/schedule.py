@@ -21,8 +21,9 @@ the log warmup is DeepSpeed's WarmupLR / WarmupDecayLR default (`warmup_type: lo
 DeepSpeed configs use without saying so. Note it reaches 1 at k = W - 1, one step before the
 linear warmup does.
 
-Findings on DeepSpeed's own schedulers (deepspeed.runtime.lr_schedules, 0.19.8), which decide
-where the toolkit can hand the schedule to DeepSpeed and where it steps one itself:
+How DeepSpeed's own schedulers (deepspeed.runtime.lr_schedules, 0.19.8) differ, which decides
+where the toolkit can hand the schedule to DeepSpeed and where it steps one itself
+(docs/engine-notes.md):
 - At construction they set the learning rate of iteration -1 (WarmupLR: warmup_min_lr;
   WarmupCosineLR: 0), and the engine steps them after each optimizer step, so step 0 runs at that
   value and step 1 at iteration 0's: the whole schedule lags one step. One `step()` right after

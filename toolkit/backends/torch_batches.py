@@ -98,9 +98,9 @@ def micro_batch_loss(
 
 def share_of_step(loss: torch.Tensor, count: int) -> torch.Tensor:
     """A micro-batch's loss as its share of the step's gradient, loss / count; one micro-batch's
-    loss as it is: x / 1 is x, and so is the gradient it passes back, and the division and its
-    backward were two of the few ops the toolkit's step adds to an engine's (about 15 of the
-    80-100 us it added on a tiny model; docs/bench/findings.md)."""
+    loss as it is: x / 1 is x, and so is the gradient it passes back, so a step of one
+    micro-batch skips the division and its backward, two of the few ops the toolkit's step
+    adds to an engine's."""
     return loss if count == 1 else loss / count
 
 

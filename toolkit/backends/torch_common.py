@@ -37,11 +37,11 @@ def collective_timeout(spec: TrainSpec) -> timedelta:
 def apply_collective_timeout(timeout: timedelta) -> None:
     """Make every process group this process creates give up after `timeout`.
 
-    Finding: `init_process_group(timeout=...)` sets the timeout of the default group only.
-    `new_group()` without a timeout takes `distributed_c10d.default_pg_timeout` (30 minutes for
-    gloo), looked up when it is called. DeepSpeed creates its data-parallel, ZeRO and pipeline
-    groups that way, so a stalled peer hung a ZeRO-2 job for more than 6 minutes although the
-    default group's timeout was 300 s. Setting the module default reaches those groups too.
+    `init_process_group(timeout=...)` sets the timeout of the default group only, while
+    `new_group()` without a timeout takes `distributed_c10d.default_pg_timeout` (torch's
+    30-minute default), looked up when it is called. DeepSpeed creates its data-parallel, ZeRO
+    and pipeline groups that way, so only the module default reaches them
+    (docs/engine-notes.md, DeepSpeed).
     """
     dist.distributed_c10d.default_pg_timeout = timeout
 
@@ -66,13 +66,11 @@ def build_optimizer(params: Any, spec: TrainSpec, lr: float) -> torch.optim.Opti
     """The spec's optimizer with every constant passed explicitly (no torch defaults).
 
     `foreach=False` fixes the per-parameter loop implementation on every engine, so that two
-    engines never differ by which kernel torch picked. Not the `fused` kernels, though faster
-    (torch 2.13, CPU, 6.3 M parameters, one thread: SGD 3.0-3.3 ms a step against 4.3-4.4 for
-    the loop, Adam 3.8 against 13-15): they round differently from the loop. Fused Adam and
-    AdamW everywhere (2e-7 after 5 steps); fused SGD with weight decay everywhere, and with
-    momentum in a tensor's last elements, where its size is not a multiple of the vector
-    width (one of the 3 tail elements of a 67x33 weight after 6 steps). The spec's optimizer
-    means one sequence of roundings on every engine, and the parity runs compare to the bit.
+    engines never differ by which kernel torch picked. Not the `fused` kernels, though faster:
+    they round differently from the loop (fused Adam and AdamW everywhere, fused SGD with
+    weight decay, or with momentum in the tail elements past a multiple of the vector width;
+    docs/engine-notes.md, PyTorch). The spec's optimizer means one sequence of roundings on
+    every engine, and the parity runs compare to the bit.
     """
     refuse_missing_script_optimizer(spec)
     opt = spec.optimizer
@@ -245,15 +243,15 @@ def release_process_groups(
 ) -> None:
     """End torch.distributed so that its gloo threads are joined before the interpreter exits.
 
-    Finding: runs sometimes aborted as the script exited, with "terminate called without an
-    active exception" (SIGABRT; DeepSpeed under its launcher 5 of 8 runs in a loaded parity run,
-    DDP 1 of 30). The core dump shows a gloo worker thread (ProcessGroupGloo::runLoop)
-    destroying a finished allreduce whose tensors hold Python objects, taking the GIL while the
-    interpreter finalizes; Python ends that thread with pthread_exit, and the forced unwind
-    through a noexcept destructor calls std::terminate. The groups were still alive because the
-    DDP wrapper, DeepSpeed's engine, optimizer and caches hold them after destroy_process_group.
-    So: a barrier (no work in flight), the destroy, drop the backend attributes named in
-    `holders`, and collect, which destroys the groups and joins their threads now.
+    Otherwise runs can abort as the script exits, with "terminate called without an active
+    exception" (SIGABRT; docs/engine-notes.md, PyTorch): a gloo worker thread
+    (ProcessGroupGloo::runLoop) destroys a finished allreduce whose tensors hold Python objects,
+    taking the GIL while the interpreter finalizes; Python ends that thread with pthread_exit,
+    and the forced unwind through a noexcept destructor calls std::terminate. The groups stay
+    alive because the DDP wrapper, DeepSpeed's engine, optimizer and caches hold them after
+    destroy_process_group. So: a barrier (no work in flight), the destroy, drop the backend
+    attributes named in `holders`, and collect, which destroys the groups and joins their
+    threads now.
     """
     if not dist.is_initialized():
         return

@@ -3,12 +3,11 @@
 Horovod's controller under horovodrun. Given neither --gloo nor --mpi, horovodrun runs the MPI
 controller when Horovod was built with MPI and Gloo only otherwise
 (horovod/runner/launch.py, `run_controller`). The toolkit follows the same rule, so a spec that
-does not name a controller runs as `horovodrun` alone would run it. Measured here
-(BENCHMARKS.md, `settings-horovod-controller.json`): the same Horovod torch step took 0.64 of
-the time under MPI's controller as under Gloo's, which the toolkit had implied before.
+does not name a controller runs as `horovodrun` alone would run it, and gets the faster MPI
+controller wherever Horovod has it (docs/engine-notes.md, Horovod).
 
 What Horovod was built with is asked of Horovod itself, as horovodrun asks it (a subprocess
-that loads its extensions: about 3 s here), and cached in ~/.cache/toolkit under the identity
+that loads its extensions, seconds of work), and cached in ~/.cache/toolkit under the identity
 of the extension files, so a rebuilt Horovod is asked again. The renderers stay pure: the
 commands that launch or print a job on this machine resolve the spec first (`for_this_machine`),
 and a rank takes its controller from the launcher that started it

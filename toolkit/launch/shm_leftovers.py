@@ -1,15 +1,15 @@
 """Shared-memory files a job's engines leave in /dev/shm, removed when the job ends.
 
 DeepSpeed's CPU accelerator loads its shm_comm op in `deepspeed.init_distributed` and creates
-/dev/shm/deepspeed_allreduce_buffer_* of 66 MiB a rank, which it never unlinks: every such job
-leaked 132 MiB with 2 ranks (seen after each test run here). Open MPI's shared-memory transport
-leaves its vader_segment.* files when mpirun is killed. `horovodrun --gloo` makes a
-multiprocessing Event per rank in the spawn context (safe_shell_exec.execute), five named
-semaphores each (/dev/shm/sem.mp-*), which Python unlinks only when horovodrun exits normally
-or its resource tracker outlives it: SIGKILLed with its tracker it leaves them (ten were found
-after a `make test`). In a process that has imported joblib (TensorFlow's import brings it in
-here) they are named sem.loky-PID-*: joblib's loky renames every multiprocessing semaphore. A
-fuller /dev/shm fails jobs in containers, whose /dev/shm is 64 MiB by default.
+a /dev/shm/deepspeed_allreduce_buffer_* file per rank, which it never unlinks, so every such job
+leaks one per rank (sizes: docs/faults.md). Open MPI's shared-memory transport leaves its
+vader_segment.* files when mpirun is killed. `horovodrun --gloo` makes a multiprocessing Event
+per rank in the spawn context (safe_shell_exec.execute), five named semaphores each
+(/dev/shm/sem.mp-*), which Python unlinks only when horovodrun exits normally or its resource
+tracker outlives it: SIGKILLed with its tracker it leaves them. In a process that has imported
+joblib (TensorFlow's import can bring it in) they are named sem.loky-PID-*: joblib's loky
+renames every multiprocessing semaphore. A fuller /dev/shm fails jobs in containers, whose
+/dev/shm is 64 MiB by default.
 When a job's local processes have stopped, the supervisor removes the files it can tell the job
 made: named by an engine, owned by this user, created since the job started, and mapped by no
 live process (another job's are in use, or older); if the supervisor was killed, its watchdog

@@ -7,16 +7,15 @@ gradient, not decoupled) and accumulation 4. Some engines add a CNN case and the
 torch engines that can add bf16 (with the SGD recipe). One case compares the two frameworks'
 references.
 
-Tolerances, measured as max |w - w_ref| / max |w_ref| per tensor (the worst tensor) and
+Tolerances, on max |w - w_ref| / max |w_ref| per tensor (the worst tensor) and
 max |loss - loss_ref| / |loss_ref| per step:
 - fp32 1e-5: engines differ from the reference only in reduction order (a sum split over ranks
   and micro-batches, gloo/MPI/gRPC rings, oneDNN vs Eigen kernels), i.e. a few float32 ulps per
   step. A wrong constant (lr 1% off, a missed clip, Adam's step count off by one) is 1e-3 or more.
 - bf16 2e-2, against a single-process reference with the same bf16 autocast: activations are
   rounded to 8 mantissa bits (about 4e-3 relative), so a different split of the batch rounds
-  differently. Measured: 4.0e-3 in weights (SGD recipe, 20 steps). bf16 runs use SGD, not
-  Adam: Adam divides by sqrt(v), turning rounding noise on near-zero gradients into whole steps
-  (8.6e-2 against a bf16 reference, 0.36 against fp32, while the losses agreed to 3e-4).
+  differently. bf16 runs use SGD, not Adam: Adam divides by sqrt(v), turning rounding noise on
+  near-zero gradients into whole steps (deviations: docs/engine-notes.md, PyTorch).
 - fp16 is not parity-checked here: on CPU it is emulated, and no engine here uses it by default.
 """
 

@@ -14,10 +14,9 @@ count them, P parameters, c bytes per communicated gradient element, w per weigh
   gradients among the N/p replicas of that stage.
 
 The pipeline bubble, the idle fraction of a step, is (p-1)/(m+p-1) for m micro-batches per
-step (GPipe's and 1F1B's alike), for stages of equal cost with free hand-offs. `toolkit bench
-bubble` measures DeepSpeed's with 2 CPU ranks: 0.02-0.03 above this for m = 2 to 4 and 0.05 at
-m = 8 (0.05-0.08 on a slower machine), because its point-to-point hand-offs block
-(toolkit.bench.bubble).
+step (GPipe's and 1F1B's alike), for stages of equal cost with free hand-offs. DeepSpeed's
+pipeline sits somewhat above it, because its point-to-point hand-offs block
+(docs/engine-notes.md, DeepSpeed); the plan keeps the formula.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ Components (bytes per rank; P parameters, N data-parallel ranks, L the largest l
   when the model is fp32. ZeRO-3 means to share an fp32 partition instead of cloning it, but
   DeepSpeed 0.19.8 (`_create_fp32_partitions` in stage3.py) tests `tensor.device ==
   self.device`, a torch.device against the accelerator's device name, a str, which torch 2.13
-  never finds equal (`torch.device("cpu") == "cpu"` is False), so it clones. Found by
-  `toolkit bench memory`: six 30 MiB partitions alive at a ZeRO-3 step where five were planned.
+  never finds equal (`torch.device("cpu") == "cpu"` is False), so it clones
+  (docs/engine-notes.md, DeepSpeed).
 - optimizer: fp32 states, k bytes per parameter: Adam/AdamW 8 (two moments), SGD with momentum
   4, plain SGD 0.
 - working: ZeRO-3's gathered weights and the gradients not yet in a bucket, at its high point, a
@@ -27,14 +27,13 @@ Components (bytes per rank; P parameters, N data-parallel ranks, L the largest l
   DeepSpeed's default, a copy of the whole bucket all-reduced (`allreduce_and_scatter` in
   stage_1_and_2.py); with the spec's default (`zero.multi_rank_bucket_allreduce: false`) a copy
   of each owner's share reduced to it (`allreduce_no_retain`), which a bucket inside one
-  owner's partition makes the whole bucket (the memory bench read the same high point both
-  ways, 32 MiB of a layer split between the partitions). These last exist only during the
-  reduction; ZeRO-1/2's fp32 gradient partition exists only after it (`step()` builds it from
-  the reduced gradients and drops it when the step ends), so the total counts the larger of
-  the two (`Memory.never_together`). ZeRO-1 in fp32 reduces after backward, with every
-  gradient alive, and clears those outside the rank's partition before the step: they too
-  are never beside the fp32 partition. Both were measured with a bucket smaller than the
-  model (the spec's 2**22 elements): ZeRO-1 0.97 and ZeRO-2 1.00 of the plan.
+  owner's partition makes the whole bucket (both ways hold the same high point). These last
+  exist only during the reduction; ZeRO-1/2's fp32 gradient partition exists only after it
+  (`step()` builds it from the reduced gradients and drops it when the step ends), so the
+  total counts the larger of the two (`Memory.never_together`). ZeRO-1 in fp32 reduces after
+  backward, with every gradient alive, and clears those outside the rank's partition before
+  the step: they too are never beside the fp32 partition. How close the plan came to measured
+  memory is in docs/engine-notes.md.
 - activations: what backward keeps, micro × (input + every leaf's output) × activation bytes,
   when the model is known; under the pipeline, the first stage holds min(m, p) micro-batches.
 
@@ -156,10 +155,9 @@ def horovod_fusion_bytes(
     empty), min(buffer, every gradient, `gradient_bytes`).
 
     How much of that a step reaches depends on time, which no plan knows: Horovod fuses what
-    became ready within one cycle (horovod.cycle_time_ms). Measured (`toolkit bench memory`,
-    docs/bench/findings.md): the bench MLP touched 8 MiB of this bound's 16, a second MLP 37
-    of 60, a stack of 4 MiB layers 3, 11 and 31 MiB of 44 in three runs. The bound is what a
-    plan that must not promise too little can give."""
+    became ready within one cycle (horovod.cycle_time_ms), and runs touched well under the
+    bound (docs/engine-notes.md, Horovod). The bound is what a plan that must not promise too
+    little can give."""
     if not layer_gradient_bytes:
         return min(threshold, gradient_bytes)
     return min(threshold, sum(b for b in layer_gradient_bytes if b < threshold))
@@ -169,9 +167,7 @@ def zero2_buckets(w: float, parameters: float, bucket: float, largest_layer: flo
     """ZeRO-2's bucket bytes at its high point, a reduction in backward: the contiguous bucket
     and its flattened copy, or, when a layer is larger than the bucket, the bucket beside
     that layer's own gradient, which DeepSpeed reduces alone and in place
-    (`extra_large_param_to_reduce` in stage_1_and_2.py). Measured with the toolkit's bucket of
-    2**22 elements on the memory bench's MLP, whose 4096x4096 layer does not fit: 0.999 of
-    this (docs/bench/findings.md)."""
+    (`extra_large_param_to_reduce` in stage_1_and_2.py)."""
     held = min(bucket, parameters)
     oversized = bucket + largest_layer if largest_layer > bucket else 0.0
     return w * max(2.0 * held, oversized)
@@ -181,7 +177,7 @@ def zero3_working(
     parameters: float, bucket: float, largest_layer: float, first_layer: float | None
 ) -> float:
     """Elements of ZeRO-3's working set at its high point, a gradient reduction in backward
-    (measured: the readings before each reduce-scatter, `toolkit bench memory`):
+    (the reduce-scatter, where a rank's memory peaks):
 
     - a bucket that holds every gradient is reduced once, as backward ends. By then backward has
       released every gathered layer but the first, whose input needs no gradient, so the hook

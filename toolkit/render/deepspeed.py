@@ -1,7 +1,8 @@
 """TrainSpec -> DeepSpeed config dict, with every setting that changes the math written out.
 
 Pure: imports no engine. Checked against DeepSpeed 0.19.8's own `DeepSpeedConfig` and pydantic
-sub-models in tests/test_render_deepspeed.py. Findings that shape it:
+sub-models in tests/test_render_deepspeed.py. DeepSpeed behaviours that shape it (more in
+docs/engine-notes.md):
 
 - `gradient_clipping` defaults to 1.0 in DeepSpeed (`GRADIENT_CLIPPING_DEFAULT`), not 0: a
   config that leaves it out clips every step at norm 1.0, unlike DDP or Horovod. It is the

@@ -42,11 +42,10 @@ def environment(spec: TrainSpec, controller: Controller | None = None) -> dict[s
 
     Under the MPI controller also Open MPI's `mpi_yield_when_idle`, which every launcher passes
     on (Open MPI reads OMPI_MCA_* from a rank's environment, and mpirun, horovodrun's too,
-    forwards its own). Finding (`toolkit bench step --in-process --floor`, docs/bench): with 2
-    ranks on 2 cores and Open MPI's default, an idle Horovod rank used 0.87-0.99 of a core
-    (one of the two ranks' background threads spins in the cycle's negotiation until the other
-    joins), and the floor's plain compute in a Horovod-over-MPI process took 1.5-1.6 times as
-    long as in a DDP one. Yielding lets the compute thread have the core; the sums are the same.
+    forwards its own). Horovod's background thread negotiates in an MPI collective every
+    cycle, and with Open MPI's default a rank that arrives first polls a whole core until its
+    peer joins, the core its compute needs when ranks fill the cores. Yielding lets the
+    compute thread have the core; the sums are the same (docs/engine-notes.md, Horovod).
     """
     hvd = spec.horovod if controller is None else spec.horovod.running(controller)
     env = {

@@ -342,11 +342,11 @@ def init(spec: TrainSpec, *, launcher: str | None = None, argv: Sequence[str] | 
     """Detect the launcher, check the backend runs under it, seed, and start the engine.
 
     At exit, garbage the script left in reference cycles is collected while the interpreter
-    is still whole. Finding (the abort at exit, "terminate called without an active
-    exception"): process groups that only a cycle keeps alive (an engine, its optimizer and
+    is still whole. Process groups that only a cycle keeps alive (an engine, its optimizer and
     the hooks on the model's parameters refer to each other) are otherwise destroyed during
     interpreter finalization, when a gloo worker thread that still drops a finished
-    collective's tensors cannot take the GIL and is unwound through a noexcept destructor.
+    collective's tensors cannot take the GIL and is unwound through a noexcept destructor: the
+    abort at exit, "terminate called without an active exception" (docs/engine-notes.md).
     `Run.shutdown` releases the groups explicitly; this covers scripts that end without it.
     """
     env = detect_environment(os.environ, sys.argv if argv is None else argv, launcher)

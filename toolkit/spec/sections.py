@@ -426,12 +426,10 @@ class HorovodSpec(Section):
     def cycle_time(self) -> float:
         """The cycle time in effect: the one written, else the controller's.
 
-        Finding (`toolkit bench step --setting horovod.cycle_time_ms=...`, docs/bench): each
-        cycle the Gloo controller negotiates with a Gloo collective over TCP, and with one core
-        per rank those wake-ups take turns with the compute. Horovod torch over Gloo stepped in
-        0.85-0.91 of the time at 5-10 ms than at Horovod's 1 ms, in two runs of 3 repetitions
-        (A/A 0.97-1.01); over MPI, whose controller negotiates in shared memory, no difference
-        held (0.78, then 1.00). Either way each rank sums the same gradients.
+        Each cycle the Gloo controller negotiates with a Gloo collective over TCP, and with one
+        core per rank those wake-ups take turns with the compute, so Gloo gets a longer cycle;
+        MPI's controller negotiates in shared memory and keeps Horovod's own. Either way each
+        rank sums the same gradients (measurements: docs/engine-notes.md, Horovod).
         """
         if self.cycle_time_ms is not None:
             return self.cycle_time_ms
@@ -441,19 +439,14 @@ class HorovodSpec(Section):
     def fusion_threshold(self) -> int:
         """The fusion buffer in effect, in MiB: the one written, else the controller's.
 
-        Finding (`toolkit bench step --toolkit-setting horovod.fusion_threshold_mb=1`,
-        docs/bench/settings-horovod-fusion.json): Horovod copies the gradients it fuses into
-        its buffer and back out after the reduction, while a tensor reduced alone is reduced
-        where it lies (`MPIAllreduce::Execute`, horovod/common/ops). On the bench MLP's 25 MB
-        of gradients those two copies took about 5 ms of a 15 ms reduction over MPI. With a
-        1 MiB buffer the three large weights go alone and the small tensors still fuse: the
-        step took 0.79 [0.78, 0.86] of the time under Horovod TF and 0.93 [0.89, 0.95] under
-        Horovod torch, both over MPI, whose calls cost microseconds each. Under Gloo every
-        reduction is a round of TCP messages (about 0.85 ms at the least) and its
-        single-tensor path still copies once, so more reductions cost what the copies saved:
-        no difference the noise resolved, and Gloo keeps a buffer large enough to fuse
-        everything. The sums are the same either way; with more than 2 ranks Open MPI may
-        pick another algorithm for a smaller message, which changes the rounding only.
+        Horovod copies the gradients it fuses into its buffer and back out after the reduction,
+        while a tensor reduced alone is reduced where it lies (`MPIAllreduce::Execute`,
+        horovod/common/ops). Under MPI, whose calls are cheap, a small buffer lets the large
+        gradients skip both copies while the small ones still fuse. Under Gloo every reduction
+        is a round of TCP messages and its single-tensor path still copies once, so Gloo keeps
+        a buffer large enough to fuse everything (docs/engine-notes.md, Horovod). The sums are
+        the same either way; with more than 2 ranks Open MPI may pick another algorithm for a
+        smaller message, which changes the rounding only.
         """
         if self.fusion_threshold_mb is not None:
             return self.fusion_threshold_mb
@@ -481,12 +474,11 @@ class TfSpec(Section):
         default="unique",
         description="MultiWorker's collective instance keys. unique (TensorFlow's default): a "
         "new key for every collective call, which each worker resolves with its peers and "
-        "keeps for the rest of the job (TensorFlow's own growth, about 4 KB a step of 2 "
-        "collectives, native MultiWorker scripts alike). per_trace: one key per collective of "
-        "each traced step, resolved once: no growth, and on a small model 0.7 of the step "
-        "time; every worker must then trace its steps at the same points (the same shapes on "
-        "every rank), or their collectives do not meet and the job ends at "
-        "timeouts.collective_s. Changes no value.",
+        "keeps for the rest of the job, so memory grows every step (native MultiWorker "
+        "scripts alike). per_trace: one key per collective of each traced step, resolved "
+        "once: no growth and no resolution per step; every worker must then trace its steps "
+        "at the same points (the same shapes on every rank), or their collectives do not "
+        "meet and the job ends at timeouts.collective_s. Changes no value.",
     )
     port: int = Field(
         default=12345,

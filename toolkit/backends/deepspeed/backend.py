@@ -5,7 +5,7 @@ that changes the math explicit. Accumulation is DeepSpeed's own: `engine.backwar
 loss by gradient_accumulation_steps and `engine.step()` only steps at the boundary; the
 pipeline engine's `train_batch` pulls the step's micro-batches from an iterator itself.
 
-Findings:
+DeepSpeed behaviours the backend works with (docs/engine-notes.md):
 - With bf16 enabled DeepSpeed casts the whole model to bf16 and keeps fp32 master weights in its
   optimizer (unlike torch autocast), so the floating inputs the model receives are cast to its
   dtype here (toolkit.backends.torch_batches) and `full_state_dict` reads the fp32 masters
@@ -16,12 +16,12 @@ Findings:
   weights read that way lost the second name. `full_state_dict` walks the module's own
   `state_dict(keep_vars=True)`, which lists every name, and gathers each shared tensor once.
 - On the CPU accelerator `init_distributed` loads a shared-memory op (deepspeed_shm_comm) that
-  serves only `inference_all_reduce`, never training: it leaves 66 MiB of /dev/shm per rank
+  serves only `inference_all_reduce`, never training: it leaves a file in /dev/shm per rank
   behind, and its JIT build's lock, left by a killed job, hangs every later start
-  (docs/engine-notes.md). The backend marks it incompatible in `deepspeed.ops.__compatible_ops__`
+  (docs/faults.md). The backend marks it incompatible in `deepspeed.ops.__compatible_ops__`
   so that DeepSpeed skips it; training's transport is DeepSpeed's own either way.
-- Runs sometimes aborted at exit ("terminate called without an active exception") while
-  DeepSpeed still held its process groups; see `torch_common.release_process_groups`.
+- Runs can abort at exit ("terminate called without an active exception") while
+  DeepSpeed still holds its process groups; see `torch_common.release_process_groups`.
 - The pipeline engine registers each layer under its global index, so a stage's state-dict keys
   are those of the user's nn.Sequential; the stages' dicts are merged with all_gather_object.
   What the pipeline engine accepts as a micro-batch: toolkit.backends.deepspeed.pipeline.
@@ -112,7 +112,7 @@ class DeepSpeedBackend(common.TorchCollectives, TorchData, Backend):
         )
         if own_scheduler:
             # DeepSpeed's schedulers start one iteration behind the optimizer step
-            # (toolkit.schedule, findings): one step aligns iteration k with step k.
+            # (toolkit.schedule's module docs): one step aligns iteration k with step k.
             scheduler.step()
         # bf16 makes DeepSpeed cast the whole model; floating inputs must follow (module docs).
         self.input_dtype = next(self.engine.module.parameters()).dtype

@@ -9,9 +9,9 @@ Accumulation: Horovod's own (`backward_passes_per_step`) exists only in its Kera
 wrapper, which is the part Keras 3 breaks. So a step's micro-batch gradients are summed locally
 in one compiled function, then each gradient is reduced with its own `hvd.allreduce` (the spec's
 op and compression), as DistributedGradientTape does by default (`groups=None`); Horovod fuses
-them in its background cycle. Finding (`toolkit bench step --in-process`, docs/bench): one
-`hvd.grouped_allreduce` of all gradients, which waits for the last gradient before any is sent,
-made the step 1.14x [1.09, 1.18] the native one; per-tensor allreduces bring it to 0.99.
+them in its background cycle. One `hvd.grouped_allreduce` of all gradients would wait for the
+last gradient before any is sent, and made the step slower than the native one
+(docs/engine-notes.md, Horovod).
 
 Checkpoints hold the whole training state and resume exactly (toolkit.backends.tf.state,
 shared with tf.distribute, whose checkpoints this backend continues and the other way round).

@@ -6,7 +6,7 @@ loss divided by the number of micro-batches. `gradient_predivide_factor` is set 
 explicitly: it splits the averaging into a division before and after the sum, and any other
 value changes the rounding.
 
-Finding: `hvd.broadcast_optimizer_state` "initializes" an optimizer that has no state yet by
+`hvd.broadcast_optimizer_state` "initializes" an optimizer that has no state yet by
 calling `step()` once with all-zero gradients. That advances Adam's step count (so every later
 bias correction differs from torch's) and applies weight decay once (AdamW, or SGD/Adam with L2)
 before training starts. A fresh optimizer is identical on every rank anyway (same seed, and the

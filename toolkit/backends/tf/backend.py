@@ -21,10 +21,8 @@ TensorFlow's per-collective timeout, which starts a sleeping thread for every co
 
 Each collective call gets a new instance key, as TensorFlow prefers, unless `tf.instance_keys:
 per_trace` (`_choose_instance_keys`): TensorFlow resolves every new key with the peers and
-keeps its record, so a worker's memory grows with every step (about 4 KB a step of 2
-collectives on a small model, 15 MiB in 4,000 steps, the same in a native script; TensorFlow
-issue 42616 reports it) and each step pays the resolution (that model stepped in 0.7 of the
-time without it).
+keeps its record, so a worker's memory grows with every step, native scripts alike (TensorFlow
+issue 42616), and each step pays the resolution (docs/engine-notes.md, TensorFlow).
 
 Checkpoints hold the whole training state and resume exactly (toolkit.backends.tf.state,
 shared with Horovod for TF, whose checkpoints this backend continues and the other way round).
@@ -241,14 +239,14 @@ class TFBackend(Backend):
         """The cross-worker reduction for `op` on tensors of `dtype` and any shape, compiled once
         and kept as a concrete function.
 
-        Findings (`toolkit bench allreduce`, 2 workers here):
-        - A `tf.function` defined inside `allreduce`, closing over its tensor, was traced anew
-          on every call: 37 ms of latency per call against 4 ms for the collective itself.
-        - A `tf.function(reduce_retracing=True)` taking the tensor as an argument traced once,
-          but each call still matched its arguments against the traces (the polymorphic
-          function's dispatch): about 100-200 us more than the raw collective, 5% at 4 KiB and
-          1 MiB. The concrete function for `TensorSpec(shape=None)` skips that dispatch and runs
-          as fast as the raw path.
+        Why this form (costs: docs/engine-notes.md, TensorFlow):
+        - A `tf.function` defined inside `allreduce`, closing over its tensor, is traced anew
+          on every call, which costs far more than the collective itself.
+        - A `tf.function(reduce_retracing=True)` taking the tensor as an argument traces once,
+          but each call still matches its arguments against the traces (the polymorphic
+          function's dispatch), a cost that shows at small and middle sizes. The concrete
+          function for `TensorSpec(shape=None)` skips that dispatch and runs as fast as the
+          raw path.
         - The tensor goes through `strategy.run(tf.identity)` before it is reduced: a graph
           argument has no device, and the collective reduce needs one ("destinations can not
           be empty"); the replica's identity places it.

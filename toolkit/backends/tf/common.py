@@ -1,6 +1,6 @@
 """What the TensorFlow engines share (tf.distribute and Horovod for TF). Imports TensorFlow.
 
-Findings about Keras 3 (the `tf.keras` of TF 2.21) that shape the backends:
+Keras 3 behaviours (the `tf.keras` of TF 2.21) that shape the backends (docs/engine-notes.md):
 - Under a tf.distribute strategy, `optimizer.apply_gradients` in replica context all-reduces
   the gradients with SUM itself, and clips (clipnorm / global_clipnorm) *before* that sum, i.e.
   per replica. torch's clip_grad_norm_ clips the averaged gradient, so the toolkit clips itself,
@@ -8,10 +8,9 @@ Findings about Keras 3 (the `tf.keras` of TF 2.21) that shape the backends:
 - Keras variables have no `.ref()`, which Horovod's TF layer calls; gradients are taken with
   respect to each variable's underlying `tf.Variable` (`v.value`) instead (horovod issue 4290).
 - `import keras` imports scikit-learn (for `keras.wrappers`) and matplotlib.pyplot (for
-  `keras.visualization`) whenever they are installed: 2.6-3.0 s of the 6.0-6.4 s that
-  `import tensorflow, keras` takes here, in every TF rank. The toolkit leaves it: hiding them
-  would take those Keras features from the user's script (the wrappers subclass scikit-learn's
-  classes at import, so they cannot be made lazy).
+  `keras.visualization`) whenever they are installed, a large part of every TF rank's import.
+  The toolkit leaves it: hiding them would take those Keras features from the user's script
+  (the wrappers subclass scikit-learn's classes at import, so they cannot be made lazy).
 """
 
 from __future__ import annotations

@@ -1,14 +1,12 @@
 """`timeouts.collective_s` for MultiWorkerMirroredStrategy, held by one watchdog thread per rank
 instead of TensorFlow's per-collective timeout.
 
-Finding: `CommunicationOptions(timeout_seconds=T)` makes TensorFlow start, for every collective,
-a thread that sleeps T seconds before it checks whether the collective finished
+`CommunicationOptions(timeout_seconds=T)` makes TensorFlow start, for every collective, a
+thread that sleeps T seconds before it checks whether the collective finished
 (tensorflow/core/common_runtime/base_collective_executor.cc: "TODO: Share the timeout watchdog
 thread among collectives"; the option's docstring: "This should only be used for debugging").
-A rank therefore holds T × (collectives per second) sleeping threads: with the toolkit's 120 s,
-a rank of a small model held 14,115 threads after 20 s of training, about 700 more a second
-(docs/bench/findings.md); the two ranks would have passed the machine's pid_max (32,768)
-within half a minute.
+A rank therefore holds T × (collectives per second) sleeping threads, enough for a fast step
+to exhaust the machine's pid_max (docs/engine-notes.md, TensorFlow).
 
 Instead each call of the backend that runs collectives (a step, a reduction) is timed by one
 thread per rank. A call that runs longer than the timeout aborts the rank's collectives

@@ -13,11 +13,10 @@ ResourceApplyMomentum (accum = accum * momentum + grad; var -= lr * accum): the 
 roundings per element, in the same order, as the four element-wise ops and the assign it
 replaces, so the weights are bit for bit the same (tests/test_tf_optimizers.py holds it to a
 float32 NumPy reference); it reads and writes each weight, slot and gradient once instead of
-passing over them five times. On the bench's 6.3 M-parameter MLP (one thread per rank) the
-toolkit's TF steps went from 3% slower than the engines' native scripts, which use Keras' SGD,
-to 4-10% faster (docs/bench/step-in-process-tf-fused-sgd.json). Nesterov keeps the
-element-wise form: the fused kernel's Nesterov update rounds differently from torch's. Adam has
-no such kernel: TensorFlow's ResourceApplyAdam is Keras' "epsilon hat" form.
+passing over them five times, which makes the TF engines' step faster than with Keras' SGD
+(docs/engine-notes.md, TensorFlow). Nesterov keeps the element-wise form: the fused kernel's
+Nesterov update rounds differently from torch's. Adam has no such kernel: TensorFlow's
+ResourceApplyAdam is Keras' "epsilon hat" form.
 """
 
 from __future__ import annotations
