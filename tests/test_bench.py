@@ -7,8 +7,9 @@ import argparse
 import pytest
 
 from toolkit.bench.allreduce import bus_bandwidth
+from toolkit.bench.cases import case_for
 from toolkit.bench.compare import same_step_as_native, workload_of
-from toolkit.bench.step import CaseResult
+from toolkit.bench.step import CaseResult, case_spec
 from toolkit.commands.bench import _size
 from toolkit.spec import TrainSpec
 
@@ -55,3 +56,16 @@ def test_a_cases_ratio_is_taken_within_each_repetition() -> None:
     result = CaseResult("x", {"native": [10.0, 20.0, 30.0], "toolkit": [11.0, 20.0, 27.0]})
     assert result.ratios == pytest.approx([1.1, 1.0, 0.9])
     assert result.ratio == pytest.approx(1.0)
+
+
+def test_a_users_pipeline_spec_runs_the_native_scripts_batch() -> None:
+    """The batch both sides run is over the data-parallel ranks of the spec as launched: a
+    pipeline spec of the user's own (no case fields) has 1 of its 2 ranks."""
+    user = TrainSpec.from_dict(
+        {"backend": "deepspeed", "pipeline": {"stages": 2}, "batch": {"global": 64, "micro": 16}}
+    )
+    case = case_for(user)
+    spec = case_spec(user, case)
+    batch = spec.batch_for()
+    assert (batch.dp, batch.micro, batch.accumulation) == (1, 32, 4)
+    assert batch.global_ == case.workload.micro * case.workload.micro_batches

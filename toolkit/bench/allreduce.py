@@ -33,6 +33,7 @@ def run(
 ) -> int:
     rows: list[list[str]] = []
     results = []
+    sizes_text = ",".join(str(size) for size in sizes)
     with tempfile.TemporaryDirectory(prefix="toolkit-allreduce-") as scratch:
         for index, (label, spec) in enumerate(specs):
             print(f"bench allreduce: {label}", flush=True)
@@ -40,7 +41,6 @@ def run(
             spec_file.write_text(json.dumps(spec.to_dict()))
             result_file = Path(scratch) / f"{index}.json"
             program = [str(RANKS / "allreduce.py"), "--spec", str(spec_file)]
-            sizes_text = ",".join(str(size) for size in sizes)
             arguments = [
                 "--sizes",
                 sizes_text,

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from toolkit.bench import report
-from toolkit.bench.cases import native_for
 from toolkit.bench.launching import Measured, measure
 from toolkit.bench.workload import DEFAULT_LAYERS, Workload
 from toolkit.spec import TrainSpec
@@ -50,12 +49,15 @@ class Entry:
         peaks = [peak for m in self.toolkit for peak in m.peak_rss_bytes]
         return max(peaks) if peaks else None
 
+    @property
+    def engine(self) -> str:
+        return f"{self.spec.backend}+{self.spec.framework_name}/{self.spec.launcher}"
+
     def row(self) -> list[str]:
-        engine = f"{self.spec.backend}+{self.spec.framework_name}/{self.spec.launcher}"
         samples = statistics.median(m.samples_per_s for m in self.toolkit)
         return [
             self.label,
-            engine,
+            self.engine,
             report.milliseconds(self.step_ms),
             f"{samples:.0f}",
             report.mebibytes(self.peak_bytes),
@@ -65,7 +67,7 @@ class Entry:
     def figures(self) -> dict[str, Any]:
         return {
             "spec": self.label,
-            "engine": self.row()[1],
+            "engine": self.engine,
             "toolkit_ms": [m.median_ms for m in self.toolkit],
             "native_ms": [m.median_ms for m in self.native],
             "peak_rss_bytes": self.peak_bytes,
@@ -94,7 +96,6 @@ def same_step_as_native(spec: TrainSpec, model: str | None) -> bool:
     optimizer = spec.optimizer
     return (
         model is None
-        and native_for(spec) is not None
         and optimizer.name == "sgd"
         and not optimizer.nesterov
         and optimizer.weight_decay == 0

@@ -8,7 +8,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from toolkit.bench.cases import require_native
+from toolkit.bench.cases import native_for
 from toolkit.bench.workload import Workload
 from toolkit.errors import ToolkitError
 from toolkit.launch.runner import execute, launch_plan_here
@@ -64,7 +64,7 @@ def measure(
         extra = ["--model", model] if model else []
         program = [str(RANKS / "toolkit_step.py"), "--spec", str(spec_file), *extra]
     else:
-        native = require_native(spec)
+        native = native_for(spec)
         program = [str(native.path), *native.matched(spec, workdir)]
     launch_rank_program(spec, [*program, *arguments])
     if not out.is_file():

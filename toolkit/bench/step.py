@@ -57,15 +57,12 @@ HEADER = ["case", "native ms", "toolkit ms", "toolkit / native", "per repetition
 def case_spec(base: TrainSpec, case: StepCase) -> TrainSpec:
     """The user's spec with the case's engine and launcher (none for the user's own case) and
     the workload both sides run (toolkit.bench.workload), on free ports."""
-    data = merge(base.to_dict(), case.spec, case.workload.spec_fields(case_data_parallel(case)))
+    data = merge(base.to_dict(), case.spec)
+    data_parallel = case.workload.ranks // data["pipeline"]["stages"]
+    data = merge(data, case.workload.spec_fields(data_parallel))
     data["launch"]["master_port"] = free_port()
     data["tf"]["port"] = free_port_range(case.workload.ranks)
     return TrainSpec.from_dict(data)
-
-
-def case_data_parallel(case: StepCase) -> int:
-    stages = case.spec.get("pipeline", {}).get("stages", 1)
-    return case.workload.ranks // stages
 
 
 def run_case(

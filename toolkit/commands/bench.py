@@ -63,6 +63,11 @@ def _timing(parser: argparse.ArgumentParser, steps: int) -> None:
     )
 
 
+def _timing_of(args: argparse.Namespace) -> dict[str, Any]:
+    """What `_timing` added to a parser, as the bench functions take it."""
+    return {"reps": args.reps, "steps": args.steps, "warmup": args.warmup, "out": Path(args.out)}
+
+
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("bench", help="measure engines and the toolkit on this machine")
     commands = parser.add_subparsers(dest="bench_command", metavar="WHAT", required=True)
@@ -118,15 +123,7 @@ def _specs(paths: list[str]) -> list[tuple[str, Any]]:
 def _compare(args: argparse.Namespace) -> int:
     from toolkit.bench import compare
 
-    return compare.run(
-        _specs(args.spec),
-        model=args.model,
-        layers=args.layers,
-        reps=args.reps,
-        steps=args.steps,
-        warmup=args.warmup,
-        out=Path(args.out),
-    )
+    return compare.run(_specs(args.spec), model=args.model, layers=args.layers, **_timing_of(args))
 
 
 def _step(args: argparse.Namespace) -> int:
@@ -140,15 +137,7 @@ def _step(args: argparse.Namespace) -> int:
         spec = TrainSpec()
     else:
         ((_, spec),) = _specs([args.spec])
-    return step.run(
-        spec,
-        every_engine=args.all,
-        cases=args.cases,
-        reps=args.reps,
-        steps=args.steps,
-        warmup=args.warmup,
-        out=Path(args.out),
-    )
+    return step.run(spec, every_engine=args.all, cases=args.cases, **_timing_of(args))
 
 
 def _allreduce(args: argparse.Namespace) -> int:

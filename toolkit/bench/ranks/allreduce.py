@@ -16,6 +16,7 @@ import numpy as np
 
 from toolkit.bench.native._bench import write_record
 from toolkit.bench.ranks._toolkit_job import start_toolkit
+from toolkit.launch import script_args
 
 
 def main() -> int:
@@ -24,7 +25,7 @@ def main() -> int:
     parser.add_argument("--sizes", required=True, help="message sizes in bytes, comma-separated")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--out", required=True)
-    args, _ = parser.parse_known_args()  # the deepspeed launcher appends --local_rank
+    args = parser.parse_args(script_args())
     _, run = start_toolkit(args.spec)
     seconds: dict[str, list[float]] = {}
     for size in (int(text) for text in args.sizes.split(",")):
