@@ -82,6 +82,10 @@ class Loader(Protocol):
 class Backend(ABC):
     """One engine. Constructed by `toolkit.init` after the launch environment is known."""
 
+    device: Any = "cpu"
+    """Where this rank trains: the torch engines' torch.device (`cuda:<local rank>` under
+    CUDA), bound in setup; "cpu" until then and for engines that place ops themselves."""
+
     def __init__(self, spec: TrainSpec, env: LaunchEnvironment) -> None:
         self.spec = spec
         self.env = env

@@ -25,18 +25,20 @@ from toolkit.backends.batches import describe, map_leaves
 from toolkit.errors import ToolkitError
 
 
-def to_torch(batch: MicroBatch, float_dtype: torch.dtype | None = None) -> Any:
-    """Every numeric numpy leaf as a tensor; floating tensors cast to `float_dtype` if given."""
+def to_torch(
+    batch: MicroBatch, float_dtype: torch.dtype | None = None, device: torch.device | None = None
+) -> Any:
+    """Every numeric numpy leaf as a tensor on `device` (if given; non-blocking, which overlaps
+    the copy from a loader's pinned memory); floating tensors cast to `float_dtype` if given."""
 
     def convert(leaf: Any) -> Any:
         if isinstance(leaf, np.ndarray | np.generic) and leaf.dtype.kind in "biufc":
             leaf = torch.as_tensor(leaf)
-        if (
-            float_dtype is not None
-            and isinstance(leaf, torch.Tensor)
-            and leaf.is_floating_point()
-            and leaf.dtype != float_dtype
-        ):
+        if not isinstance(leaf, torch.Tensor):
+            return leaf
+        if device is not None and leaf.device != device:
+            leaf = leaf.to(device, non_blocking=True)
+        if float_dtype is not None and leaf.is_floating_point() and leaf.dtype != float_dtype:
             leaf = leaf.to(float_dtype)
         return leaf
 
@@ -89,11 +91,13 @@ def micro_batch_loss(
     batch: MicroBatch,
     loss_fn: LossFn | None,
     float_dtype: torch.dtype | None = None,
+    device: torch.device | None = None,
 ) -> torch.Tensor:
     if loss_fn is None:
-        return returned_loss(call_model(model, to_torch(batch, float_dtype)))
+        return returned_loss(call_model(model, to_torch(batch, float_dtype, device)))
     inputs, targets = split_pair(batch, "train_step with a loss_fn")
-    return loss_fn(call_model(model, to_torch(inputs, float_dtype)), to_torch(targets))
+    outputs = call_model(model, to_torch(inputs, float_dtype, device))
+    return loss_fn(outputs, to_torch(targets, device=device))
 
 
 def share_of_step(loss: torch.Tensor, count: int) -> torch.Tensor:
@@ -109,7 +113,7 @@ def mean_loss(losses: Sequence[torch.Tensor]) -> torch.Tensor:
     micro-batch's loss as it is (0 + x is x, and so is x / 1)."""
     if len(losses) == 1:
         return losses[0].double()
-    total = torch.zeros((), dtype=torch.float64)
+    total = torch.zeros((), dtype=torch.float64, device=losses[0].device)
     for loss in losses:
         total += loss.double()
     return total / len(losses)
@@ -130,6 +134,7 @@ def evaluate_module(
     pairs: bool,
     float_dtype: torch.dtype | None = None,
     precision: AbstractContextManager[Any] | None = None,
+    device: torch.device | None = None,
 ) -> dict[str, float]:
     """This process's metric sums over `micro_batches`: eval mode, no gradients, then the
     model's mode as it was."""
@@ -141,10 +146,10 @@ def evaluate_module(
             for batch in micro_batches:
                 if pairs:
                     inputs, targets = split_pair(batch, "evaluate with pairs=True")
-                    outputs = call_model(model, to_torch(inputs, float_dtype))
-                    metrics = metric_fn(outputs, to_torch(targets))
+                    outputs = call_model(model, to_torch(inputs, float_dtype, device))
+                    metrics = metric_fn(outputs, to_torch(targets, device=device))
                 else:
-                    tensors = to_torch(batch, float_dtype)
+                    tensors = to_torch(batch, float_dtype, device)
                     metrics = metric_fn(call_model(model, tensors), tensors)
                 add_metrics(totals, metrics, metric_float)
     finally:

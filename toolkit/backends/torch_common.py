@@ -106,31 +106,32 @@ def lr_scheduler(optimizer: torch.optim.Optimizer, spec: TrainSpec) -> LambdaLR 
     return LambdaLR(optimizer, lambda step: lr_ratio(schedule, step))
 
 
-def autocast(spec: TrainSpec) -> AbstractContextManager[Any]:
-    """Mixed precision for the forward pass on CPU; fp32 runs without autocast."""
+def autocast(spec: TrainSpec, device: torch.device) -> AbstractContextManager[Any]:
+    """Mixed precision for the forward pass on `device` (torch autocast); fp32 runs without."""
     if spec.precision == "bf16":
-        return torch.autocast("cpu", dtype=torch.bfloat16)
+        return torch.autocast(device.type, dtype=torch.bfloat16)
     if spec.precision == "fp16":
-        return torch.autocast("cpu", dtype=torch.float16)
+        return torch.autocast(device.type, dtype=torch.float16)
     return nullcontext()
 
 
-def grad_scaler(spec: TrainSpec) -> torch.amp.GradScaler | None:
-    """fp16 loss scaling from the spec (dynamic unless loss_scale is fixed), None otherwise."""
+def grad_scaler(spec: TrainSpec, device: torch.device) -> torch.amp.GradScaler | None:
+    """fp16 loss scaling on `device` from the spec (dynamic unless loss_scale is fixed), None
+    otherwise."""
     if spec.precision != "fp16":
         return None
     scaling = spec.loss_scaling
     if scaling.loss_scale:
         # A fixed scale: never grow, never shrink.
         return torch.amp.GradScaler(
-            "cpu",
+            device.type,
             init_scale=scaling.loss_scale,
             growth_factor=1.0,
             backoff_factor=1.0,
             growth_interval=2**31 - 1,
         )
     return torch.amp.GradScaler(
-        "cpu",
+        device.type,
         init_scale=2.0**scaling.initial_scale_power,
         growth_factor=2.0,
         backoff_factor=0.5,
@@ -214,12 +215,14 @@ def require_module(model: Any) -> torch.nn.Module:
 
 
 class TorchCollectives:
-    """allreduce, broadcast and barrier over torch.distributed, for backends built on it."""
+    """allreduce, broadcast and barrier over torch.distributed, for backends built on it.
+    Values go to the rank's device first: NCCL reduces GPU tensors only."""
 
     env: LaunchEnvironment
+    device: torch.device
 
     def allreduce(self, value: Any, op: str = "mean") -> Any:
-        tensor = to_tensor(value).clone()
+        tensor = to_tensor(value).to(self.device).clone()
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return tensor / self.env.world_size if op == "mean" else tensor
 
@@ -228,7 +231,7 @@ class TorchCollectives:
         return tensor.div_(self.env.world_size) if op == "mean" else tensor
 
     def broadcast(self, value: Any, root: int = 0) -> Any:
-        tensor = to_tensor(value).clone()
+        tensor = to_tensor(value).to(self.device).clone()
         dist.broadcast(tensor, src=root)
         return tensor
 

@@ -160,7 +160,13 @@ class StreamLoader:
 
 
 class TorchData:
-    """The torch backends' `make_loader`: torch datasets, anything else left to the runtime."""
+    """The torch backends' `make_loader`: torch datasets, anything else left to the runtime.
+    Under CUDA the DataLoader pins its batches (unless the script says `pin_memory=`), so
+    that their copies to the GPU are non-blocking."""
+
+    device: Any
 
     def make_loader(self, data: Any, plan: LoaderPlan, options: dict[str, Any]) -> Loader | None:
+        if isinstance(self.device, torch.device) and self.device.type == "cuda":
+            options = {"pin_memory": True, **options}
         return make_torch_loader(data, plan, options)

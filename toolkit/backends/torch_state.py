@@ -37,15 +37,27 @@ def parameter_names(module: torch.nn.Module) -> dict[int, str]:
 
 
 def rng_arrays(rank: int) -> dict[str, np.ndarray]:
-    return {f"rng/torch/rank{rank}": torch.get_rng_state().numpy().copy()}
+    """This rank's torch generators: the CPU one, and its GPU's where CUDA is in use (dropout
+    on a GPU draws from the GPU's generator)."""
+    arrays = {f"rng/torch/rank{rank}": torch.get_rng_state().numpy().copy()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        arrays[f"rng/torch_cuda/rank{rank}"] = torch.cuda.get_rng_state().numpy().copy()
+    return arrays
 
 
 def restore_rng(state: CheckpointState, rank: int) -> None:
-    """This rank's torch generator as it was saved; a rank the saving run did not have keeps
-    its seeded generator."""
+    """This rank's torch generators as they were saved; a rank the saving run did not have
+    keeps its seeded generators, and a GPU generator saved on GPUs is left out on the CPU."""
     saved = state.arrays.get(f"rng/torch/rank{rank}")
     if saved is not None:
-        torch.set_rng_state(torch.from_numpy(np.ascontiguousarray(saved, dtype=np.uint8)))
+        torch.set_rng_state(_byte_tensor(saved))
+    saved_cuda = state.arrays.get(f"rng/torch_cuda/rank{rank}")
+    if saved_cuda is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(_byte_tensor(saved_cuda))
+
+
+def _byte_tensor(saved: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(saved, dtype=np.uint8))
 
 
 def optimizer_tensors(

@@ -7,12 +7,17 @@ toolkit config hostfile  --spec train.yaml                    "host slots=N" lin
 toolkit config sbatch    --spec train.yaml -- SCRIPT ARGS...  Slurm batch script
 toolkit config mpijob    --spec train.yaml -- SCRIPT ARGS...  Kubeflow MPIJob YAML
 toolkit config presets   --write DIR | --check DIR            ds_configs/ presets
+
+For a spec with device cuda, the artifacts say how the ranks use the GPUs: the batch script and
+the MPIJob in a comment at their top (with their GPU requests), the DeepSpeed config, which
+holds no device setting, on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +29,7 @@ from toolkit.launch.machine_settings import for_this_machine
 from toolkit.render import horovod, tf
 from toolkit.render.deepspeed import deepspeed_config
 from toolkit.render.hostfile import hostfile
+from toolkit.render.layout import device_binding, device_summary
 from toolkit.render.mpijob import mpijob_manifest
 from toolkit.render.presets import check_or_write
 from toolkit.render.slurm import sbatch_script
@@ -42,6 +48,8 @@ def _deepspeed(args: argparse.Namespace) -> str:
             "and a DeepSpeed config's batch sizes hold for one world size",
             "pass --world-size N (the ranks deepspeed will start), or set launch.np",
         )
+    if spec.device == "cuda":
+        print(f"toolkit: device cuda: {device_binding(spec)}", file=sys.stderr)
     return json.dumps(deepspeed_config(spec, world), indent=2)
 
 
@@ -69,8 +77,9 @@ def _sbatch(args: argparse.Namespace) -> str:
 
 
 def _mpijob(args: argparse.Namespace) -> str:
-    manifest = mpijob_manifest(load_spec(args.spec), args.command)
-    return yaml.safe_dump(manifest, sort_keys=False)
+    spec = load_spec(args.spec)
+    manifest = yaml.safe_dump(mpijob_manifest(spec, args.command), sort_keys=False)
+    return f"# {device_summary(spec)}\n{manifest}" if spec.device == "cuda" else manifest
 
 
 def _presets(args: argparse.Namespace) -> int:

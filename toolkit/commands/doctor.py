@@ -1,4 +1,5 @@
 """`toolkit doctor [--engine NAME ...] [--json]`: exit 0 only when every asked engine works.
+The GPUs it lists (none, on a machine without a driver) never change that.
 
 `toolkit doctor --hosts [a,b] [--spec FILE] [ssh and network flags] [--json]` checks other
 hosts instead (toolkit.doctor.hosts): exit 0 when every host passes, 1 when a check failed.

@@ -8,6 +8,12 @@ other rank is stopped and the launch exits with the status of one convention for
 last lines. The dry run prints the same plan: the launcher's argv and environment and, per
 rank, what the launcher gives that rank. Arguments are shown shell-quoted for reading only; the
 plan itself is argv lists end to end.
+
+When the ranks run on this machine (`ranks_run_here`), the spec's device is resolved against the
+GPUs it shows (toolkit.device): under CUDA a spec that fixes no process count gets one rank per
+visible GPU (said on stderr), and one that fixes more ranks than GPUs is refused before anything
+starts. The dry run does the same, so that what it prints is what runs, and adds one line on the
+device, its binding and the collective backend (toolkit.render.layout.device_summary).
 """
 
 from __future__ import annotations
@@ -19,13 +25,15 @@ import math
 import os
 import shlex
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from toolkit import engines
 from toolkit.backends.registry import check_launcher
 from toolkit.commands._output import add_spec
+from toolkit.device import Device, check_gpus_for_ranks, resolve_device
 from toolkit.errors import ToolkitError
+from toolkit.gpu_facts import visible_gpus
 from toolkit.launch.heartbeat import INTERVAL
 from toolkit.launch.outcome import EXIT_STATUS_HELP
 from toolkit.launch.runner import execute, launch_plan_here
@@ -33,16 +41,20 @@ from toolkit.launch.slurm import allocation_tasks
 from toolkit.launch.supervisor import DEFAULT_STALL_SECONDS
 from toolkit.rank_variables import TOOLKIT_SPEC
 from toolkit.render.launchers import LaunchPlan
+from toolkit.render.layout import device_summary
 from toolkit.spec import TrainSpec, load_spec
+from toolkit.spec.hosts import LOCAL_NAMES
 
 
 def _env_line(env: dict[str, str]) -> str:
     return " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items())
 
 
-def format_plan(plan: LaunchPlan) -> str:
-    """The plan as lines for people."""
+def format_plan(plan: LaunchPlan, device: str | None = None) -> str:
+    """The plan as lines for people; `device`, a device summary, follows the launcher line."""
     lines = [f"launcher: {plan.launcher} ({len(plan.ranks)} ranks)"]
+    if device is not None:
+        lines.append(device)
     if plan.argv is not None:
         lines.append(f"command: {shlex.join(plan.argv)}")
     if plan.env:
@@ -97,6 +109,43 @@ def within_allocation(spec: TrainSpec, environ: Mapping[str, str]) -> TrainSpec:
     return TrainSpec.from_dict(data)
 
 
+def ranks_run_here(spec: TrainSpec, environ: Mapping[str, str]) -> bool:
+    """Whether this machine runs every rank: the spec names no other host, and Slurm places
+    none of them (srun's tasks, and inside an allocation the ranks of a launcher that fills
+    it); a launcher outside an allocation places them as the plan does (on this machine)."""
+    if len(spec.hosts) > 1 or any(host.name not in LOCAL_NAMES for host in spec.hosts):
+        return False
+    if spec.launcher not in engines.ALLOCATION_LAUNCHERS:
+        return True
+    return "SLURM_JOB_ID" not in environ and spec.launcher in engines.HOST_ORDER_LAUNCHERS
+
+
+def fitted_to_this_host(
+    spec: TrainSpec, environ: Mapping[str, str], gpus: Callable[[Mapping[str, str]], int]
+) -> tuple[TrainSpec, Device | None]:
+    """The spec for ranks on this machine, whose `gpus(environ)` GPUs they would see, and the
+    device it resolves to there (None for device cpu or ranks elsewhere). Under CUDA a spec
+    that fixes no process count gets one rank per GPU (said on stderr); more fixed ranks than
+    GPUs are refused. A one-process job's replicas (MirroredStrategy) are left to the spec."""
+    if spec.device == "cpu" or not ranks_run_here(spec, environ):
+        return spec, None
+    visible = gpus(environ)
+    device = resolve_device(spec.device, visible)
+    if device == "cpu" or spec.replicas_per_process() > 1:
+        return spec, device
+    if spec.fixed_world_size is not None:
+        check_gpus_for_ranks(spec.fixed_world_size, visible)
+        return spec, device
+    plural = "" if visible == 1 else "s"
+    print(
+        f"toolkit: device cuda: {visible} GPU{plural} on this host, launch.np {visible}",
+        file=sys.stderr,
+    )
+    data = spec.to_dict()
+    data["launch"]["np"] = visible
+    return TrainSpec.from_dict(data), device
+
+
 def naming_its_file(spec: TrainSpec, path: str) -> TrainSpec:
     """`spec` with TOOLKIT_SPEC in launch.env: every rank's `toolkit.load_spec()` then reads
     the file the job was launched with (a variable the user set there wins)."""
@@ -109,11 +158,17 @@ def run(args: argparse.Namespace) -> int:
     timeout = seconds("--timeout", args.timeout)
     # Ranks beat once a second: a shorter stall timeout would stop healthy jobs.
     stall_timeout = seconds("--stall-timeout", args.stall_timeout, minimum=2 * INTERVAL)
-    spec = naming_its_file(within_allocation(load_spec(args.spec), os.environ), args.spec)
+    spec = within_allocation(load_spec(args.spec), os.environ)
     check_launcher(spec.backend, spec.framework_name, spec.launcher)
+    spec, here = fitted_to_this_host(spec, os.environ, visible_gpus)
+    spec = naming_its_file(spec, args.spec)
     plan = launch_plan_here(spec, args.command)
     if args.dry_run:
-        print(json.dumps(dataclasses.asdict(plan), indent=2) if args.json else format_plan(plan))
+        device = device_summary(spec, here)
+        if args.json:
+            print(json.dumps({**dataclasses.asdict(plan), "device": device}, indent=2))
+        else:
+            print(format_plan(plan, device))
         return 0
     if stall_timeout is None:
         stall_timeout = spec.timeouts.stall_s

@@ -1,17 +1,22 @@
-"""`toolkit plan --spec FILE (--params N | --model module:factory) [--ranks N] [--json]`
+"""`toolkit plan --spec FILE (--params N | --model module:factory) [--ranks N]
+[--gpu-memory GIB] [--json]`
 
 Per-rank memory of every engine (each ZeRO stage with and without CPU offload, the pipeline
 when the spec has one) for the spec's optimizer, precision and batch, the bytes each rank sends
 per step and the pipeline bubble (toolkit.plan). Nothing is launched; `--model` builds the
 torch model once to count its layers and activations. A Horovod spec under horovodrun is
 planned with the controller horovodrun picks on this machine, as `toolkit launch` runs it: the
-controller sets the fusion buffer's default.
+controller sets the fusion buffer's default. A job that trains on CUDA (`device: cuda`, or
+`auto` on a host with a GPU), or `--gpu-memory`, also gets each row's memory on one GPU against
+the GPU's capacity (toolkit.plan.gpu).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 from typing import Any
 
 from toolkit.commands._output import add_output, add_spec, emit
@@ -26,6 +31,17 @@ def _shape(text: str) -> tuple[int, ...]:
     if not shape or min(shape) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: positive sizes only")
     return shape
+
+
+def _gib(text: str) -> float:
+    """argparse type: a GPU's memory in GiB, a positive number."""
+    try:
+        gib = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:20]!r}: give GiB, like 80 or 139.8") from None
+    if not math.isfinite(gib) or gib <= 0:
+        raise argparse.ArgumentTypeError(f"{text[:20]!r}: must be a positive number of GiB")
+    return gib
 
 
 def register(subparsers: Any) -> None:
@@ -43,6 +59,14 @@ def register(subparsers: Any) -> None:
         "--input-shape", type=_shape, default=None, help="with --model: one sample's shape"
     )
     parser.add_argument("--ranks", type=int, default=None, help="default: the spec's world size")
+    parser.add_argument(
+        "--gpu-memory",
+        type=_gib,
+        default=None,
+        metavar="GIB",
+        help="one GPU's memory: compare each rank against it (default for a CUDA spec: the "
+        "smallest GPU nvidia-smi shows)",
+    )
     parser.add_argument("--json", action="store_true", help="JSON instead of the table")
     add_output(parser)
     parser.set_defaults(func=run)
@@ -50,7 +74,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from toolkit.launch.machine_settings import for_this_machine
-    from toolkit.plan import model_facts
+    from toolkit.plan import gpu, model_facts
     from toolkit.plan.report import text, to_json
     from toolkit.plan.table import plan_rows
     from toolkit.spec import load_spec
@@ -69,13 +93,20 @@ def run(args: argparse.Namespace) -> int:
     else:
         facts = model_facts.from_params(args.params, args.largest_layer)
     rows = plan_rows(spec, facts, ranks)
+    limit = gpu.capacity_for(spec.device, args.gpu_memory, os.environ)
     if args.json:
-        emit(json.dumps(to_json(rows, facts, ranks, spec.to_dict()), indent=1), args.output)
+        data = to_json(rows, facts, ranks, spec.to_dict())
+        if limit is not None:
+            data["gpu"] = gpu.to_json(gpu.fits(rows, limit), limit)
+        emit(json.dumps(data, indent=1), args.output)
     else:
         batch = spec.batch_for(ranks)
         header = (
             f"toolkit plan: {spec.optimizer.name}, {spec.precision}, micro {batch.micro} x "
             f"{batch.accumulation} micro-batches, {ranks} ranks"
         )
-        emit(text(rows, facts, ranks, header), args.output)
+        table = text(rows, facts, ranks, header)
+        if limit is not None:
+            table += "\n\n" + gpu.text(gpu.fits(rows, limit), limit)
+        emit(table, args.output)
     return 0

@@ -1,4 +1,5 @@
-"""Run the engine probes and find the launchers; no engine is imported in this process."""
+"""Run the engine probes, find the launchers and list the GPUs; no engine is imported in this
+process. GPUs the engines cannot use are known issues, never errors: the CPU still trains."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 
 from toolkit import engines
 from toolkit.doctor.probe_protocol import REINSTALL_FIX, ProbeReport, Problem
+from toolkit.gpu_facts import GpuListing, list_gpus
 from toolkit.launch.executables import find_launcher
 
 # package name -> the probe module that reports on it: every engine's package (the table in
@@ -40,6 +42,11 @@ LAUNCHERS: tuple[str, ...] = engines.EXTERNAL_LAUNCHERS
 REPAIRS = {entry.package: entry.repair for entry in engines.ENGINES if entry.repair}
 # TensorFlow and DeepSpeed import slowly on a loaded 2-core machine.
 PROBE_TIMEOUT_S = 240
+CUDA_FIX = "TOOLKIT_DEVICE=cuda make setup   (in the toolkit checkout: the engines' CUDA builds)"
+DRIVER_FIX = (
+    f"{CUDA_FIX}; if it persists, an NVIDIA driver that supports the engine's CUDA "
+    "(nvidia-smi's header names the newest it supports)"
+)
 
 
 @dataclass
@@ -47,6 +54,7 @@ class DoctorReport:
     python: str
     engines: list[ProbeReport]
     launchers: dict[str, str | None] = field(default_factory=dict)
+    gpus: GpuListing = field(default_factory=GpuListing)
 
     @property
     def ok(self) -> bool:
@@ -58,6 +66,7 @@ class DoctorReport:
             "python": self.python,
             "engines": [engine.to_json() for engine in self.engines],
             "launchers": self.launchers,
+            "gpus": self.gpus.to_json(),
         }
 
 
@@ -85,6 +94,7 @@ def run_probe(engine: str) -> ProbeReport:
 
 def run_doctor(engine_names: Sequence[str] = ()) -> DoctorReport:
     engines = resolve_engines(engine_names)
+    gpus = list_gpus(os.environ)
     with ThreadPoolExecutor(max_workers=2) as pool:
         reports = list(pool.map(run_probe, engines))
     launchers = {name: find_launcher(name) for name in LAUNCHERS}
@@ -97,7 +107,23 @@ def run_doctor(engine_names: Sequence[str] = ()) -> DoctorReport:
                         REINSTALL_FIX,
                     )
                 )
-    return DoctorReport(python=sys.executable, engines=reports, launchers=launchers)
+        report.problems += gpu_problems(report, len(gpus.admitted))
+    return DoctorReport(python=sys.executable, engines=reports, launchers=launchers, gpus=gpus)
+
+
+def gpu_problems(report: ProbeReport, visible: int) -> list[Problem]:
+    """Known issues where this host shows `visible` GPUs that the engine's build cannot use."""
+    gpu = report.gpu
+    if gpu is None or visible == 0:
+        return []
+    shown = f"this host shows {visible} GPU{'' if visible == 1 else 's'}"
+    if not gpu.built:
+        message = f"{shown}, but this {report.engine} is a CPU-only build: it trains on the CPU"
+        return [Problem(message, CUDA_FIX, blocking=False)]
+    if gpu.devices == 0:
+        message = f"{shown}, but {report.engine} sees none: {gpu.summary}"
+        return [Problem(message, DRIVER_FIX, blocking=False)]
+    return []
 
 
 def _last_json_line(stdout: str) -> dict[str, Any] | None:

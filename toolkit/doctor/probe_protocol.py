@@ -4,6 +4,11 @@ A probe is a module `toolkit.backends.<engine>.probe` whose `main()` prints one 
 `ProbeReport`, on stdout. Probes run in their own interpreter because a broken compiled engine
 (a Horovod built against another torch, say) can fail with an undefined symbol or even a
 segfault at import, and the doctor must survive to report it.
+
+A probe may add its engine's GPU side (`GpuSupport`): whether its build can use a GPU, what it
+sees here and one line saying so, which the doctor prints as the engine wrote it, so that no
+code outside the engine's package reads an engine's facts. Without a GPU nothing there is a
+problem: the engine trains on the CPU.
 """
 
 from __future__ import annotations
@@ -29,12 +34,24 @@ class Problem:
 
 
 @dataclass
+class GpuSupport:
+    """An engine's GPU side: whether its build has one (`built`), how many GPUs it sees here
+    (`devices`; None where it cannot tell without starting a job) and one line for people."""
+
+    built: bool
+    devices: int | None
+    summary: str
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class ProbeReport:
     engine: str
     installed: bool
     version: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
+    gpu: GpuSupport | None = None
 
     @property
     def ok(self) -> bool:
@@ -53,6 +70,7 @@ class ProbeReport:
             version=data.get("version"),
             details=data.get("details", {}),
             problems=[Problem(**p) for p in data.get("problems", [])],
+            gpu=GpuSupport(**data["gpu"]) if data.get("gpu") else None,
         )
 
 

@@ -93,6 +93,12 @@ class Memory:
     def total(self) -> float:
         return self._sum(COMPONENTS) + (self.activations or 0.0) - self.never_together
 
+    @property
+    def device_total(self) -> float:
+        """What the device holds at the high point: the total less what offload moves to the
+        host (what is never held together is always on the device)."""
+        return self.total - sum(self.host.values())
+
     def to_json(self) -> dict[str, Any]:
         return {
             **asdict(self),

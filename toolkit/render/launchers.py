@@ -29,6 +29,14 @@ Launcher notes:
   horovodrun's --network-interfaces and GLOO_SOCKET_IFNAME (torch's Gloo, DDP and DeepSpeed).
   Variables reach remote ranks by `-x` (mpirun), horovodrun's own export of its environment,
   or the file the deepspeed launcher exports to every host (`LaunchPlan.env_file`).
+- device cuda (toolkit.render.layout): each rank binds `cuda:<local rank>`, so the per-host
+  process counts (deepspeed's `--num_gpus`, horovodrun's `-H host:slots`, torchrun's
+  `--nproc-per-node`) are the ranks per host, one GPU each; a larger `launch.gpus_per_host`
+  leaves GPUs unused rather than moving ranks. `--num_gpus N` makes the deepspeed launcher give
+  every host's ranks GPUs 0..N-1 (it sets CUDA_VISIBLE_DEVICES itself, ignoring one the user
+  set); `--include` would name GPU ids, which the spec does not hold. srun asks Slurm for
+  `--gpus-per-node`. DeepSpeed engines get DS_ACCELERATOR for cpu and cuda: DeepSpeed picks its
+  accelerator when it is imported, before the backend could choose.
 
 Longer than most modules on purpose: one plan builder per launcher, read top to bottom beside
 the notes above, sharing the per-rank variable helpers; split, the notes and the builders they
@@ -60,6 +68,7 @@ from toolkit.render.layout import (
     job_hosts,
     rank_layout,
     rendered_threads,
+    requested_gpus,
     uniform_slots,
 )
 from toolkit.spec import SpecError, TrainSpec
@@ -138,16 +147,27 @@ def program(spec: TrainSpec, command: Sequence[str], ctx: LaunchContext) -> list
 
 def base_env(spec: TrainSpec, *, threads: int | None = None) -> dict[str, str]:
     """Variables every rank gets from the toolkit: threads (`threads`, else
-    `rendered_threads`), Horovod settings, the network interface for
-    torch's Gloo, launch.env."""
+    `rendered_threads`), Horovod settings, DeepSpeed's accelerator, the network interface for
+    torch's Gloo, launch.env (last, so it can override any of them)."""
     env = {"OMP_NUM_THREADS": str(rendered_threads(spec) if threads is None else threads)}
     job_env = _engine(spec).job_env
     if job_env is not None:
         env.update(_resolve(job_env)(spec))
+    env.update(accelerator_env(spec))
     if spec.launch.interface is not None:
         env["GLOO_SOCKET_IFNAME"] = spec.launch.interface
     env.update(spec.launch.env)
     return env
+
+
+def accelerator_env(spec: TrainSpec) -> dict[str, str]:
+    """DS_ACCELERATOR for engines built on DeepSpeed (the table's `deepspeed_settings`) when
+    the spec names the device: DeepSpeed fixes its accelerator at import, so the rank is told
+    before the backend imports it. Nothing for auto: DeepSpeed then detects it as the toolkit
+    resolves auto (CUDA where torch sees a GPU), and the backend checks the two agree."""
+    if spec.device == "auto" or not _engine(spec).deepspeed_settings:
+        return {}
+    return {"DS_ACCELERATOR": spec.device}
 
 
 def _engine(spec: TrainSpec) -> engines.Engine:
@@ -403,6 +423,9 @@ def srun(spec: TrainSpec, command: list[str], ctx: LaunchContext) -> LaunchPlan:
     per_node = uniform_slots(spec)
     if per_node is not None:
         argv.append(f"--ntasks-per-node={per_node}")
+    gpus = requested_gpus(spec)
+    if gpus is not None:
+        argv.append(f"--gpus-per-node={gpus}")
     if spec.hosts:
         argv.append("--nodelist=" + ",".join(host.name for host in spec.hosts))
     argv += [f"--cpus-per-task={cluster_threads(spec)}", "--kill-on-bad-exit=1"]

@@ -11,6 +11,11 @@ tests/test_mpijob_schema.py validates the result against the operator's own CRD 
 The operator names worker pods (and their services) <job name>-worker-<i> and rejects a job
 unless the last of those names is a DNS-1035 label: a letter first, at most 63 characters. The
 spec's job_name rule (a DNS-1123 label, also used by Slurm) is wider, so it is checked here.
+
+For device cuda every worker container's `resources.limits` asks for `nvidia.com/gpu` (the GPUs
+per host, toolkit.render.layout.requested_gpus; Kubernetes sets requests equal to limits for
+extended resources), and slotsPerWorker stays its ranks, one GPU each. cpu and auto ask for
+none.
 """
 
 from __future__ import annotations
@@ -21,10 +26,12 @@ from typing import Any
 
 from toolkit.engines import MPIJOB_LAUNCHERS
 from toolkit.render.launchers import base_env
-from toolkit.render.layout import cluster_threads, job_hosts, uniform_slots
+from toolkit.render.layout import cluster_threads, job_hosts, requested_gpus, uniform_slots
 from toolkit.spec import SpecError, TrainSpec
 
 API_VERSION = "kubeflow.org/v2beta1"
+GPU_RESOURCE = "nvidia.com/gpu"
+"""The NVIDIA device plugin's resource name for a GPU."""
 _DNS_1035_LABEL = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")
 
 
@@ -77,6 +84,17 @@ def mpijob_manifest(spec: TrainSpec, command: Sequence[str]) -> dict[str, Any]:
     def replica(replicas: int, container: dict[str, Any]) -> dict[str, Any]:
         return {"replicas": replicas, "template": {"spec": {"containers": [container]}}}
 
+    worker: dict[str, Any] = {
+        "name": "worker",
+        "image": image,
+        "command": ["/usr/sbin/sshd"],
+        "args": ["-De"],
+        "env": pod_env(),
+    }
+    gpus = requested_gpus(spec)
+    if gpus is not None:
+        worker["resources"] = {"limits": {GPU_RESOURCE: gpus}}
+
     return {
         "apiVersion": API_VERSION,
         "kind": "MPIJob",
@@ -96,16 +114,7 @@ def mpijob_manifest(spec: TrainSpec, command: Sequence[str]) -> dict[str, Any]:
                         "env": pod_env(),
                     },
                 ),
-                "Worker": replica(
-                    workers,
-                    {
-                        "name": "worker",
-                        "image": image,
-                        "command": ["/usr/sbin/sshd"],
-                        "args": ["-De"],
-                        "env": pod_env(),
-                    },
-                ),
+                "Worker": replica(workers, worker),
             },
         },
     }

@@ -13,6 +13,10 @@ run it there:
   ssh or pdsh for other hosts), so they run once, with the command `toolkit launch` would run.
 - local (the toolkit's own launcher, one machine) runs `python -m toolkit launch` with the spec,
   which the script writes next to the job's output first.
+
+For device cuda the allocation asks for `--gpus-per-node` (toolkit.render.layout.requested_gpus),
+which every step inside it inherits, and a comment says how the ranks bind them and which
+backend carries their collectives. cpu and auto ask for no GPU.
 """
 
 from __future__ import annotations
@@ -22,7 +26,13 @@ import shlex
 from collections.abc import Callable, Sequence
 
 from toolkit.render.launchers import LaunchContext, base_env, launch_plan
-from toolkit.render.layout import cluster_threads, job_hosts, uniform_slots
+from toolkit.render.layout import (
+    cluster_threads,
+    device_summary,
+    job_hosts,
+    requested_gpus,
+    uniform_slots,
+)
 from toolkit.spec import SpecError, TrainSpec
 
 SPEC_COPY = '.toolkit/spec-"$SLURM_JOB_ID".json'
@@ -110,11 +120,16 @@ def sbatch_script(spec: TrainSpec, command: Sequence[str]) -> str:
     per_node = uniform_slots(spec)
     if per_node is not None:
         options.append(f"--ntasks-per-node={per_node}")
+    gpus = requested_gpus(spec)
+    if gpus is not None:
+        options.append(f"--gpus-per-node={gpus}")
     if spec.hosts:
         options.append("--nodelist=" + ",".join(host.name for host in spec.hosts))
     if spec.launch.partition:
         options.append(f"--partition={spec.launch.partition}")
     lines = ["#!/bin/bash", *(f"#SBATCH {shlex.quote(option)}" for option in options)]
+    if gpus is not None:
+        lines.append(f"# {device_summary(spec)}")
     lines += ["", "set -euo pipefail", ""]
     for name, value in base_env(spec, threads=cluster_threads(spec)).items():
         lines.append(f"export {name}={shlex.quote(value)}")

@@ -91,6 +91,12 @@ class Run:
         return self.env.rank == 0
 
     @property
+    def device(self) -> Any:
+        """Where this rank trains: a torch.device for the torch engines (`cuda:<local rank>`
+        under CUDA), "cpu" or "cuda" for the TensorFlow engines (spec `device`)."""
+        return self.backend.device
+
+    @property
     def dp_size(self) -> int:
         return self.backend.dp_size * self.backend.replicas_per_process
 

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator
 
+from toolkit.device import DeviceSetting
 from toolkit.engines import Backend, Framework, Launcher, controllers_under, engine
 from toolkit.spec import rules
 from toolkit.spec.batch import ResolvedBatch, resolve_batch
@@ -85,6 +86,12 @@ class TrainSpec(Section):
     )
     loss_scaling: LossScalingSpec = Field(
         default_factory=LossScalingSpec, description="fp16 loss-scaling settings."
+    )
+    device: DeviceSetting = Field(
+        default="auto",
+        description="auto, cpu or cuda. auto: CUDA where the host shows a GPU, else the CPU. "
+        "Under CUDA each rank trains on cuda:<local rank> (one GPU per rank) and the torch "
+        "engines communicate over NCCL; on the CPU over Gloo.",
     )
     zero: ZeroSpec = Field(
         default_factory=ZeroSpec, validate_default=True, description="DeepSpeed ZeRO settings."
@@ -194,6 +201,13 @@ class TrainSpec(Section):
             _raise(rules.pipeline_issues(pipeline, info.data["backend"], info.data["zero"]))
         return pipeline
 
+    @field_validator("tf")
+    @classmethod
+    def _tf_communication_fits_device(cls, tf: TfSpec, info: ValidationInfo) -> TfSpec:
+        if _have(info, "device"):
+            _raise(rules.tf_device_issues(tf, info.data["device"]))
+        return tf
+
     @field_validator("launch", mode="before")
     @classmethod
     def _read_hostfile(cls, launch: Any, info: ValidationInfo) -> Any:
@@ -207,6 +221,8 @@ class TrainSpec(Section):
         backend, framework = info.data["backend"], info.data.get("framework")
         issues = list(rules.launch_issues(launch, backend, framework))
         issues += rules.port_issues(launch, backend, framework, info.data)
+        if _have(info, "device"):
+            issues += rules.gpu_issues(launch, info.data["device"])
         if _have(info, "batch", "pipeline", "tf"):
             data = info.data
             issues += rules.world_issues(

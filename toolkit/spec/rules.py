@@ -58,10 +58,11 @@ def hosts_of(launch: LaunchSpec) -> tuple[Host, ...]:
 
 
 def fixed_world_size(launch: LaunchSpec) -> int | None:
-    """Processes the spec itself fixes: launch.np, else the hosts' slots; None = the launcher's."""
+    """Processes the spec itself fixes: launch.np, else the hosts' slots, else one host's
+    launch.gpus_per_host (one rank per GPU); None = the launcher's."""
     if launch.np is not None:
         return launch.np
-    return _parsed_hosts(launch.hosts)[2] or None
+    return _parsed_hosts(launch.hosts)[2] or launch.gpus_per_host
 
 
 _PARSED: dict[int, tuple[tuple[str, ...], tuple[Host, ...], int]] = {}
@@ -220,6 +221,49 @@ def port_issues(
                 f"{world} ranks need ports {first} to {first + world - 1}",
                 f"use a port at most {MAX_PORT - world + 1}",
             )
+
+
+def gpu_issues(launch: LaunchSpec, device: str) -> Iterator[SpecIssue]:
+    """launch.gpus_per_host only under device cuda, and never fewer GPUs than a host's ranks:
+    each rank binds a GPU of its own (toolkit.device)."""
+    gpus = launch.gpus_per_host
+    if gpus is None:
+        return
+    if device != "cuda":
+        yield _issue(
+            "launch.gpus_per_host",
+            gpus,
+            f"counts the GPUs of a CUDA job; device is {device}",
+            "set device: cuda, or remove launch.gpus_per_host",
+        )
+        return
+    hosts = hosts_of(launch)
+    crowded = [host for host in hosts if host.slots > gpus]
+    if crowded:
+        yield _issue(
+            "launch.gpus_per_host",
+            gpus,
+            f"at least the ranks of every host: {crowded[0].name} runs {crowded[0].slots}",
+            f"give each host at most {gpus} slots, or raise launch.gpus_per_host",
+        )
+    elif not hosts and launch.np is not None and launch.np > gpus:
+        yield _issue(
+            "launch.np",
+            launch.np,
+            f"at most launch.gpus_per_host ({gpus}) on one host: one rank per GPU",
+            "lower launch.np, or list several hosts in launch.hosts",
+        )
+
+
+def tf_device_issues(tf: TfSpec, device: str) -> Iterator[SpecIssue]:
+    """NCCL collectives need GPUs: tf.communication nccl is refused for device cpu."""
+    if tf.communication == "nccl" and device == "cpu":
+        yield _issue(
+            "tf.communication",
+            tf.communication,
+            "ring or auto with device cpu: NCCL runs between GPUs only",
+            "use ring (or auto), or set device: cuda",
+        )
 
 
 def _slot_issues(

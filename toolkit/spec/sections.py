@@ -468,7 +468,9 @@ class TfSpec(Section):
 
     communication: TfCommunication = Field(
         default="ring",
-        description="Collective implementation: ring (gRPC, works on CPU), nccl or auto.",
+        description="Collective implementation: ring (gRPC, works on CPU), nccl (GPUs only) or "
+        "auto (TensorFlow's choice: NCCL between GPUs). In one process under CUDA: nccl is "
+        "NcclAllReduce, auto TensorFlow's default, ring a reduction onto one device.",
     )
     instance_keys: TfInstanceKeys = Field(
         default="unique",
@@ -492,8 +494,8 @@ class TfSpec(Section):
         ge=1,
         le=64,
         description="Replicas in one process (MirroredStrategy over this many logical CPU "
-        "devices), used when the job has one process; data-parallel replicas = processes * "
-        "local_devices.",
+        "devices, or the first this many GPUs under CUDA), used when the job has one process; "
+        "data-parallel replicas = processes * local_devices.",
     )
 
 
@@ -540,6 +542,15 @@ class LaunchSpec(Section):
     )
     hosts: Hosts = Field(
         default=(), description='Hosts as "name:slots" (slots default 1); [] = this machine.'
+    )
+    gpus_per_host: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_RANKS,
+        description="GPUs each host gives the job when it trains on CUDA, one rank per GPU: "
+        "launch.np defaults to it on one host, and Slurm's --gpus-per-node, the MPIJob's GPU "
+        "limits and the deepspeed launcher's --num_gpus are rendered from it; null = the ranks "
+        "per host, and for `toolkit launch` on one host every GPU it shows.",
     )
     hostfile: PathText | None = Field(
         default=None,

@@ -1,4 +1,8 @@
-"""PyTorch DistributedDataParallel over gloo: the reference every other engine is held to.
+"""PyTorch DistributedDataParallel: the reference every other engine is held to.
+
+Its process group runs over NCCL when the ranks train on GPUs (each rank on `cuda:<local
+rank>`, the module wrapped with `device_ids` of that one GPU) and over Gloo on the CPU
+(toolkit.backends.torch_device).
 
 Accumulation uses DDP's own `no_sync()`: gradients of all but the last micro-batch stay local,
 and the last backward all-reduces the sum. Each micro-batch's loss is divided by the number of
@@ -21,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from toolkit.backends import torch_batches as batches
 from toolkit.backends import torch_common as common
-from toolkit.backends import torch_state
+from toolkit.backends import torch_device, torch_state
 from toolkit.backends.base import Backend, LossFn, MetricFn, MicroBatch, StateShare
 from toolkit.backends.torch_data import TorchData
 from toolkit.checkpoint import CheckpointState
@@ -35,21 +39,23 @@ class DDPBackend(common.TorchCollectives, TorchData, Backend):
         common.configure_threads(self.spec, self.env)
         common.export_torch_env(self.env, common.rendezvous(self.spec, self.env))
         common.apply_collective_timeout(common.collective_timeout(self.spec))
+        self.device = torch_device.bind_device(self.spec, self.env)
         if not dist.is_initialized():
             dist.init_process_group(
-                "gloo",
+                torch_device.group_backend(self.device),
                 init_method="env://",
                 rank=self.env.rank,
                 world_size=self.env.world_size,
                 timeout=common.collective_timeout(self.spec),
             )
-        self.scaler = common.grad_scaler(self.spec)
+        self.scaler = common.grad_scaler(self.spec, self.device)
 
     def prepare(self, model: Any, optimizer: Any | None = None) -> DistributedDataParallel:
-        module = common.require_module(model)
+        module = common.require_module(model).to(self.device)
         # DDP broadcasts rank 0's parameters and buffers at construction.
         self.model = DistributedDataParallel(
             module,
+            device_ids=[self.device] if self.device.type == "cuda" else None,
             bucket_cap_mb=self.spec.ddp.bucket_cap_mb,
             gradient_as_bucket_view=self.spec.ddp.gradient_as_bucket_view,
         )
@@ -65,8 +71,8 @@ class DDPBackend(common.TorchCollectives, TorchData, Backend):
         for index, batch in enumerate(micro_batches):
             sync = nullcontext() if index == count - 1 else self.model.no_sync()
             with sync:
-                with common.autocast(self.spec):
-                    loss = batches.micro_batch_loss(self.model, batch, loss_fn)
+                with common.autocast(self.spec, self.device):
+                    loss = batches.micro_batch_loss(self.model, batch, loss_fn, device=self.device)
                 scaled = batches.share_of_step(loss, count)
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             losses.append(loss.detach())
@@ -94,7 +100,8 @@ class DDPBackend(common.TorchCollectives, TorchData, Backend):
             micro_batches,
             metric_fn,
             pairs=pairs,
-            precision=common.autocast(self.spec),
+            precision=common.autocast(self.spec, self.device),
+            device=self.device,
         )
 
     def full_state_dict(self) -> dict[str, np.ndarray]:

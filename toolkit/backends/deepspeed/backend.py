@@ -44,7 +44,7 @@ from deepspeed.utils import safe_get_full_fp32_param
 
 from toolkit.backends import torch_batches as batches
 from toolkit.backends import torch_common as common
-from toolkit.backends import torch_state
+from toolkit.backends import torch_device, torch_state
 from toolkit.backends.base import (
     Backend,
     LossFn,
@@ -81,10 +81,12 @@ class DeepSpeedBackend(common.TorchCollectives, TorchData, Backend):
             )
         common.configure_threads(self.spec, self.env)
         common.export_torch_env(self.env, common.rendezvous(self.spec, self.env))
+        self.device = torch_device.bind_device(self.spec, self.env)
+        _check_accelerator(accelerator.device_name(), self.device)
         deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False  # inference only (module docs)
         common.apply_collective_timeout(common.collective_timeout(self.spec))
         deepspeed.init_distributed(
-            dist_backend="gloo",
+            dist_backend=torch_device.group_backend(self.device),
             auto_mpi_discovery=False,
             init_method="env://",
             timeout=common.collective_timeout(self.spec),
@@ -146,7 +148,9 @@ class DeepSpeedBackend(common.TorchCollectives, TorchData, Backend):
             return float(self.engine.train_batch(data_iter=iter(data)))
         losses = []
         for batch in micro_batches:
-            loss = batches.micro_batch_loss(self.engine, batch, loss_fn, self.input_dtype)
+            loss = batches.micro_batch_loss(
+                self.engine, batch, loss_fn, self.input_dtype, self.device
+            )
             self.engine.backward(loss)
             self.engine.step()
             losses.append(loss.detach())
@@ -170,7 +174,12 @@ class DeepSpeedBackend(common.TorchCollectives, TorchData, Backend):
             )
         # Through the engine: under ZeRO-3 its hooks gather each layer's parameters.
         return batches.evaluate_module(
-            self.engine, micro_batches, metric_fn, pairs=pairs, float_dtype=self.input_dtype
+            self.engine,
+            micro_batches,
+            metric_fn,
+            pairs=pairs,
+            float_dtype=self.input_dtype,
+            device=self.device,
         )
 
     def full_state_dict(self) -> dict[str, np.ndarray]:
@@ -247,3 +256,17 @@ class DeepSpeedBackend(common.TorchCollectives, TorchData, Backend):
                 deepspeed.comm.destroy_process_group()
 
         common.release_process_groups(self, ("engine",), destroy)
+
+
+def _check_accelerator(accelerator: str, device: torch.device) -> None:
+    """DeepSpeed's accelerator (chosen when deepspeed is imported, from DS_ACCELERATOR or the
+    GPUs it finds) must be the device the spec resolved to, or the engine would place the model
+    elsewhere than the toolkit places the batches."""
+    if accelerator == device.type:
+        return
+    raise ToolkitError(
+        f"the spec's device resolved to {device.type}, but DeepSpeed chose its {accelerator!r} "
+        "accelerator",
+        f"set DS_ACCELERATOR={device.type} in the ranks' environment (launch.env; `toolkit "
+        "launch` sets it for device cpu and cuda), or set the spec's device to match",
+    )

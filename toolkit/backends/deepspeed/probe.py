@@ -7,8 +7,15 @@ import io
 import os
 import time
 from pathlib import Path
+from typing import Any
 
-from toolkit.doctor.probe_protocol import ProbeReport, Problem, not_installed, run_probe
+from toolkit.doctor.probe_protocol import (
+    GpuSupport,
+    ProbeReport,
+    Problem,
+    not_installed,
+    run_probe,
+)
 
 # A JIT build of a DeepSpeed op takes about a minute here; a lock older than this is stale.
 STALE_LOCK_SECONDS = 600
@@ -36,6 +43,7 @@ def probe() -> ProbeReport:
             "pipeline_engine": _has_pipeline_engine(),
             "compiled_ops": _compiled_ops(),
         },
+        gpu=gpu_support(accelerator),
     )
     report.problems += [
         Problem(
@@ -82,6 +90,27 @@ def _compiled_ops() -> list[str]:
     from deepspeed.git_version_info import installed_ops
 
     return sorted(name for name, built in installed_ops.items() if built)
+
+
+def gpu_support(accelerator: Any) -> GpuSupport:
+    """The accelerator DeepSpeed picked here, what its installed ops were built for, and which
+    are prebuilt; read from the package's build record, so no op is compiled to find out."""
+    import torch
+    from deepspeed import git_version_info
+
+    name = accelerator.device_name()
+    devices = 0 if name == "cpu" else int(accelerator.device_count())
+    built = torch.version.cuda is not None
+    built_for = getattr(git_version_info, "accelerator_name", "") or "unknown"
+    ops = _compiled_ops()
+    facts = {"accelerator": name, "ops_built_for": built_for, "prebuilt_ops": ops}
+    seen = "" if name == "cpu" else f", {devices} device{'' if devices == 1 else 's'}"
+    summary = (
+        ("" if built else "CPU-only build (its torch has no CUDA); ")
+        + f"accelerator {name} ({accelerator.communication_backend_name()}){seen}; ops prebuilt "
+        f"for {built_for}: {', '.join(ops) or 'none'} (the others compile on first use)"
+    )
+    return GpuSupport(built, devices, summary, facts)
 
 
 def _has_pipeline_engine() -> bool:

@@ -12,6 +12,7 @@ from types import ModuleType
 
 from toolkit.doctor.probe_protocol import (
     REINSTALL_FIX,
+    GpuSupport,
     ProbeReport,
     Problem,
     not_installed,
@@ -57,6 +58,8 @@ def probe() -> ProbeReport:
         ],
         "gpu": [name for name in ("cuda", "rocm") if built_with.get(name)],
     }
+    if built_with:
+        report.gpu = gpu_support(built_with)
     if frameworks and not report.details["controllers"]:
         report.problems.append(
             Problem("Horovod was built with neither MPI nor Gloo", _rebuild_fix())
@@ -64,6 +67,19 @@ def probe() -> ProbeReport:
     if "tensorflow" in frameworks and _keras_major() >= 3:
         report.problems.append(Problem(KERAS3_FINDING, KERAS3_FIX, blocking=False))
     return report
+
+
+def gpu_support(built_with: dict[str, bool]) -> GpuSupport:
+    """Horovod's GPU side from its build flags (`hvd.cuda_built()`, `hvd.nccl_built()`, ...):
+    whether it reduces GPU tensors, and with NCCL or through MPI or Gloo."""
+    gpu = [name.upper() for name in ("cuda", "rocm") if built_with[name]]
+    if not gpu:
+        summary = "CPU-only build (no CUDA, no NCCL): GPU tensors are not supported"
+    elif built_with["nccl"]:
+        summary = f"built with {gpu[0]} and NCCL: GPU tensors are reduced with NCCL"
+    else:
+        summary = f"built with {gpu[0]} but without NCCL: GPU tensors go through MPI or Gloo"
+    return GpuSupport(bool(gpu), None, summary, {"built_with": built_with})
 
 
 def _build_flags(module: ModuleType) -> dict[str, bool]:

@@ -19,6 +19,7 @@ shared with tf.distribute, whose checkpoints this backend continues and the othe
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from functools import cached_property
 from typing import Any
@@ -50,6 +51,9 @@ class HorovodTFBackend(Backend):
         export_environment(self.spec, self.env)
         hvd.init()
         check_world_size(hvd.size(), self.env)
+        # One GPU per process, Horovod's local rank's (its docs' pattern), or none on the CPU.
+        where = dataclasses.replace(self.env, local_rank=hvd.local_rank())
+        self.device = common.place_on_devices(self.spec, where, replicas=1)
         common.seed_everything(self.spec.seed)
         self._steps: dict[LossFn, Callable[..., Any]] = {}
 

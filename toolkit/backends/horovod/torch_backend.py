@@ -12,8 +12,13 @@ bias correction differs from torch's) and applies weight decay once (AdamW, or S
 before training starts. A fresh optimizer is identical on every rank anyway (same seed, and the
 parameters are broadcast), so the state is broadcast only when there is some (a resumed one).
 
-Clipping must see the all-reduced gradient: `synchronize()` first, clip, then `step()` inside
-`skip_synchronize()`, as Horovod's docs prescribe.
+Clipping and fp16 loss scaling must see the all-reduced gradient: `synchronize()` first, then
+the GradScaler's unscale and the clip, then the step inside `skip_synchronize()`, as Horovod's
+docs prescribe for torch.cuda.amp.
+
+On GPUs each rank binds `cuda:<Horovod's local rank>` and Horovod reduces the CUDA tensors with
+its NCCL operations when it was built with them (`toolkit doctor` says); a Horovod built
+without CUDA is refused under device cuda.
 
 Every collective waits with Horovod's own `synchronize`.
 """
@@ -29,7 +34,7 @@ import torch
 
 from toolkit.backends import torch_batches as batches
 from toolkit.backends import torch_common as common
-from toolkit.backends import torch_state
+from toolkit.backends import torch_device, torch_state
 from toolkit.backends.base import Backend, LossFn, MetricFn, MicroBatch, StateShare
 from toolkit.backends.horovod.settings import check_world_size, export_environment
 from toolkit.backends.torch_data import TorchData
@@ -50,15 +55,17 @@ class HorovodTorchBackend(TorchData, Backend):
         export_environment(self.spec, self.env)
         hvd.init()
         check_world_size(hvd.size(), self.env)
-        if self.spec.precision == "fp16":
+        self.device = torch_device.bind_device(self.spec, self.env, local_rank=hvd.local_rank())
+        if self.device.type == "cuda" and not hvd.cuda_built():
             raise ToolkitError(
-                "precision='fp16' with backend horovod is not supported: Horovod has no loss "
-                "scaler of its own",
-                "use precision bf16 or fp32 with horovod, or backend ddp/deepspeed for fp16",
+                "device cuda: this Horovod was built without CUDA, so it cannot reduce GPU tensors",
+                "rebuild Horovod with HOROVOD_GPU_OPERATIONS=NCCL (scripts/build_horovod.sh), or "
+                "set device: cpu",
             )
+        self.scaler = common.grad_scaler(self.spec, self.device)
 
     def prepare(self, model: Any, optimizer: Any | None = None) -> torch.nn.Module:
-        self.model = common.require_module(model)
+        self.model = common.require_module(model).to(self.device)
         lr = self.spec.effective_lr(self.env.world_size)
         base = optimizer or common.build_optimizer(self.model.parameters(), self.spec, lr)
         options = render_horovod.optimizer_options(self.spec, self.env.world_size)
@@ -82,20 +89,32 @@ class HorovodTorchBackend(TorchData, Backend):
         count = len(micro_batches)
         losses = []
         for batch in micro_batches:
-            with common.autocast(self.spec):
-                loss = batches.micro_batch_loss(self.model, batch, loss_fn)
-            batches.share_of_step(loss, count).backward()
+            with common.autocast(self.spec, self.device):
+                loss = batches.micro_batch_loss(self.model, batch, loss_fn, device=self.device)
+            share = batches.share_of_step(loss, count)
+            (self.scaler.scale(share) if self.scaler else share).backward()
             losses.append(loss.detach())
-        if self.spec.clip_grad_norm > 0:
-            self.optimizer.synchronize()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.clip_grad_norm)
-            with self.optimizer.skip_synchronize():
-                self.optimizer.step()
+        if self.spec.clip_grad_norm > 0 or self.scaler:
+            self._synchronized_step()
         else:
             self.optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()
         return self.reported_loss(batches.mean_loss(losses))
+
+    def _synchronized_step(self) -> None:
+        """The step on the all-reduced gradient: unscaled and clipped first (module docs)."""
+        self.optimizer.synchronize()
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        if self.spec.clip_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.clip_grad_norm)
+        with self.optimizer.skip_synchronize():
+            if self.scaler:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
 
     def eval_sums(
         self, micro_batches: Sequence[MicroBatch], metric_fn: MetricFn, *, pairs: bool
@@ -105,19 +124,27 @@ class HorovodTorchBackend(TorchData, Backend):
             micro_batches,
             metric_fn,
             pairs=pairs,
-            precision=common.autocast(self.spec),
+            precision=common.autocast(self.spec, self.device),
+            device=self.device,
         )
 
     def full_state_dict(self) -> dict[str, np.ndarray]:
         return common.numpy_state(self.model)
 
     def capture_state(self) -> StateShare:
-        return torch_state.capture_replicated(self.model, self.optimizer, rank=self.env.rank)
+        return torch_state.capture_replicated(
+            self.model, self.optimizer, rank=self.env.rank, scaler=self.scaler
+        )
 
     def restore_state(self, state: CheckpointState) -> None:
         # Every rank reads the same checkpoint, so nothing needs broadcasting.
         torch_state.restore_replicated(
-            self.model, self.optimizer, state, rank=self.env.rank, scheduler=self.scheduler
+            self.model,
+            self.optimizer,
+            state,
+            rank=self.env.rank,
+            scheduler=self.scheduler,
+            scaler=self.scaler,
         )
 
     def allreduce(self, value: Any, op: str = "mean") -> Any:

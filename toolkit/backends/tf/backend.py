@@ -67,6 +67,7 @@ class TFBackend(Backend):
     def setup(self) -> None:
         common.check_precision(self.spec)
         common.configure_threads(self.spec, self.env)
+        self.device = common.place_on_devices(self.spec, self.env, self.replicas_per_process)
         if self.env.world_size > 1:
             self._export_tf_config()
             _choose_instance_keys(self.spec.tf.instance_keys)
@@ -84,16 +85,32 @@ class TFBackend(Backend):
                 _abort_collectives,
             )
         elif self.replicas_per_process > 1:
-            self._split_cpu(self.replicas_per_process)
-            devices = [d.name for d in tf.config.list_logical_devices("CPU")]
-            self.strategy = tf.distribute.MirroredStrategy(
-                devices=devices, cross_device_ops=tf.distribute.ReductionToOneDevice()
-            )
+            self.strategy = self._mirrored(self.replicas_per_process)
         else:
             self.strategy = tf.distribute.get_strategy()
         common.seed_everything(self.spec.seed)
         self._steps: dict[LossFn, Callable[..., Any]] = {}
         self._reductions: dict[tuple[str, Any], Callable[[Any], Any]] = {}
+
+    def _mirrored(self, replicas: int) -> Any:
+        """MirroredStrategy in this process: over its GPUs under CUDA, reduced with NCCL for
+        tf.communication nccl and TensorFlow's own choice for auto; on the CPU over `replicas`
+        logical CPU devices. ring (and the CPU) reduce onto one device, which is exact."""
+        if self.device == "cuda":
+            devices = [device.name for device in tf.config.list_logical_devices("GPU")]
+            reductions = {
+                "nccl": tf.distribute.NcclAllReduce(),
+                "auto": None,
+                "ring": tf.distribute.ReductionToOneDevice(),
+            }
+            return tf.distribute.MirroredStrategy(
+                devices=devices, cross_device_ops=reductions[self.spec.tf.communication]
+            )
+        self._split_cpu(replicas)
+        devices = [device.name for device in tf.config.list_logical_devices("CPU")]
+        return tf.distribute.MirroredStrategy(
+            devices=devices, cross_device_ops=tf.distribute.ReductionToOneDevice()
+        )
 
     def _split_cpu(self, count: int) -> None:
         (cpu,) = tf.config.list_physical_devices("CPU")

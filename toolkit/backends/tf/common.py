@@ -30,6 +30,7 @@ from toolkit.backends.base import LossFn, refuse_missing_script_optimizer
 from toolkit.backends.batches import describe
 from toolkit.backends.tf.optimizers import TorchAdam, TorchSGD
 from toolkit.cores import bind_rank, threads_in_rank
+from toolkit.device import announce, check_gpus_for_ranks, resolve_device
 from toolkit.errors import ToolkitError
 from toolkit.launch.environment import LaunchEnvironment
 from toolkit.schedule import lr_ratio
@@ -46,6 +47,27 @@ def configure_threads(spec: TrainSpec, env: LaunchEnvironment) -> None:
     threads = threads_in_rank(spec.launch.threads_per_rank, env.local_world_size, os.environ)
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(threads)
+
+
+def place_on_devices(spec: TrainSpec, env: LaunchEnvironment, replicas: int) -> str:
+    """The device the spec resolves to on this host, made the only one TensorFlow sees: no GPU
+    for the CPU; under CUDA, this worker's own GPU (`cuda:<local rank>`) when the job has
+    several processes, or the first `replicas` GPUs for MirroredStrategy in one process. Must
+    run before TensorFlow starts its runtime, as configure_threads."""
+    gpus = tf.config.list_physical_devices("GPU")
+    device = resolve_device(spec.device, len(gpus))
+    announce(spec.device, device, len(gpus), env.rank)
+    if device == "cpu":
+        if gpus:
+            tf.config.set_visible_devices([], "GPU")
+        return "cpu"
+    if env.world_size > 1:
+        check_gpus_for_ranks(env.local_world_size, len(gpus))
+        tf.config.set_visible_devices(gpus[env.local_rank], "GPU")
+    else:
+        check_gpus_for_ranks(replicas, len(gpus), "this process (tf.local_devices)")
+        tf.config.set_visible_devices(gpus[:replicas], "GPU")
+    return "cuda"
 
 
 def seed_everything(seed: int) -> None:
