@@ -74,6 +74,10 @@ CELLS: dict[str, list[str]] = {
     "ddp-torchrun": [*TORCHRUN, *torch_args("ddp")],
     "ddp-mpirun": [*mpirun(), PYTHON, *torch_args("ddp")],
     "ddp-deepspeed": [*DEEPSPEED, *torch_args("ddp")],
+    # FSDP2
+    "fsdp-torchrun": [*TORCHRUN, *torch_args("fsdp")],
+    "fsdp-mpirun": [*mpirun(), PYTHON, *torch_args("fsdp")],
+    "fsdp-toolkit_launch_torchrun": toolkit_launch("fsdp", torch_args),
     # Horovod for torch
     "horovod-horovodrun_gloo": [*horovodrun("gloo"), *torch_args("horovod")],
     "horovod-horovodrun_mpi": [*horovodrun("mpi"), *torch_args("horovod")],
@@ -129,6 +133,7 @@ CELLS: dict[str, list[str]] = {
 
 SUBSET = [
     "ddp-torchrun",
+    "fsdp-mpirun",
     "horovod_controller_from_launcher-mpirun",
     "horovod_controller_from_machine-toolkit_launch_horovodrun",
     "zero3-mpirun",

@@ -74,6 +74,7 @@ def only(pattern: str):  # type: ignore[no-untyped-def]
 # `TOOLKIT_PARITY=full make test` and `make demo` run every case.
 REPRESENTATIVE = [
     "ddp/torchrun:mlp:adamw-warmup-cosine",
+    "fsdp/torchrun:mlp:sgd-accum2-clip-lrscale",
     "horovod/mpirun:mlp:adamw-warmup-cosine",
     "zero1/deepspeed:mlp:sgd-logwarmup-linear",
     "zero3-offload/deepspeed:mlp:adamw-warmup-cosine",

@@ -4,11 +4,12 @@ itself from checkpoint.dir, and the remaining steps.
 Same engine and world size: identical fp32 weights. Another engine or world size: within the
 parity tolerance (toolkit.parity). The plan and its steps are in tests/resuming.py.
 
-By default one case (ZeRO-3 on 2 ranks -> DDP on 1: sharded save, consolidated load, another
-engine and world size), three launches, for `make test`'s time; TOOLKIT_RESUME=full adds the
-exact same-engine cases (DDP, Horovod, ZeRO-2, ZeRO-3 and the pipeline engine, each with
-SGD-momentum and Adam) and more engine and world-size changes (DDP -> ZeRO-2, DDP -> the
-pipeline engine, the pipeline engine -> Horovod on 1 rank, ...).
+By default two cases (ZeRO-3 on 2 ranks -> DDP on 1: sharded save, consolidated load, another
+engine and world size; FSDP on 2 -> ZeRO-3 on 2), three launches each, for `make test`'s
+time; TOOLKIT_RESUME=full adds the exact same-engine cases (DDP, FSDP, Horovod, ZeRO-2, ZeRO-3
+and the pipeline engine, each with SGD-momentum and Adam) and more engine and world-size
+changes (DDP -> ZeRO-2, DDP -> the pipeline engine, ZeRO-3 -> FSDP, FSDP -> DDP on 1 rank,
+the pipeline engine -> Horovod on 1 rank, ...).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def deepspeed(ranks: int) -> tuple[str, ...]:
 SETUPS = {
     "ddp2": Setup("ddp", "backend: ddp", torchrun(2), 2),
     "ddp1": Setup("ddp", "backend: ddp", torchrun(1), 1),
+    "fsdp2": Setup("fsdp", "backend: fsdp", torchrun(2), 2),
     "horovod2": Setup("horovod", "backend: horovod", (*horovodrun(2), PYTHON), 2),
     "horovod1": Setup("horovod", "backend: horovod", (*horovodrun(1), PYTHON), 1),
     "zero2": Setup("deepspeed", "backend: deepspeed\nzero: {stage: 2}", deepspeed(2), 2),
@@ -62,7 +64,7 @@ SETUPS = {
 
 
 SAME_ENGINE = [
-    (s, o) for s in ("ddp2", "horovod2", "zero2", "zero3", "pipeline2") for o in OPTIMIZERS
+    (s, o) for s in ("ddp2", "fsdp2", "horovod2", "zero2", "zero3", "pipeline2") for o in OPTIMIZERS
 ]
 
 
@@ -86,9 +88,12 @@ ACROSS = (
         ("horovod2", "zero3", "sgd"),
         ("ddp2", "pipeline2", "adam"),
         ("pipeline2", "horovod1", "sgd"),
+        ("zero3", "fsdp2", "adam"),
+        ("ddp1", "fsdp2", "sgd"),
+        ("fsdp2", "ddp1", "adam"),
     ]
     if FULL_RESUME
-    else [("zero3", "ddp1", "adam")]
+    else [("zero3", "ddp1", "adam"), ("fsdp2", "zero3", "sgd")]
 )
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-Backend = Literal["ddp", "horovod", "deepspeed", "tf"]
+Backend = Literal["ddp", "fsdp", "horovod", "deepspeed", "tf"]
 Framework = Literal["torch", "tensorflow"]
 Launcher = Literal["horovodrun", "mpirun", "deepspeed", "torchrun", "srun", "local"]
 Environment = Literal[
@@ -138,6 +138,11 @@ class Engine:
     local_devices: bool = False
     """A job of one process runs several replicas in it (MirroredStrategy over
     `tf.local_devices`), which count as data-parallel ranks."""
+    precisions: tuple[str, ...] = ("fp32", "fp16", "bf16")
+    """The spec's precisions it trains in; others are refused by `toolkit spec check`."""
+    hybrid_shards: bool = False
+    """Shards over a mesh of `fsdp.replicate` x shard ranks (FSDP's HSDP), so replicate must
+    divide the world size."""
     rank_ports: tuple[str, ...] = ()
     """Spec fields ("section.key") holding the first of a range of ports, one per rank of the
     job (port, port + 1, ...): each range must end at or below 65535."""
@@ -185,6 +190,22 @@ ENGINES: tuple[Engine, ...] = (
         bench_native="toolkit.bench.cases:DDP",
         launchers=("torchrun", "mpirun", "deepspeed", "srun", "local"),
         standalone_environments=("torch_env", "single"),
+    ),
+    # PyTorch FSDP2: fully_shard over a DeviceMesh (HSDP with fsdp.replicate), torch's own
+    # groups, so it starts wherever DDP does.
+    Engine(
+        backend="fsdp",
+        framework="torch",
+        backend_class="toolkit.backends.fsdp.backend:FSDPBackend",
+        package="torch",
+        probe="toolkit.backends.ddp.probe",  # torch's probe: one per package
+        spec_section="fsdp",
+        plan_rule="toolkit.plan.table:fsdp_rows",
+        bench_native="toolkit.bench.cases:FSDP",
+        launchers=("torchrun", "mpirun", "srun", "local"),
+        standalone_environments=("torch_env", "single"),
+        precisions=("fp32", "bf16"),  # fp16 would need a sharded loss scaler
+        hybrid_shards=True,
     ),
     Engine(
         backend="deepspeed",

@@ -46,6 +46,11 @@ def _ddp_matched(spec: TrainSpec, workdir: Path) -> list[str]:
     return [*_threads(spec, workdir), "--bucket-cap-mb", str(spec.ddp.bucket_cap_mb), *view]
 
 
+def _fsdp_matched(spec: TrainSpec, workdir: Path) -> list[str]:
+    keep = [] if spec.fsdp.reshard_after_forward else ["--no-reshard-after-forward"]
+    return [*_threads(spec, workdir), *keep]
+
+
 def _tf_matched(spec: TrainSpec, workdir: Path) -> list[str]:
     implementation = render_tf.communication_options(spec)["implementation"]
     return [*_threads(spec, workdir), "--communication", implementation]
@@ -64,6 +69,7 @@ class Native:
 
 
 DDP = Native(script="ddp.py", matched=_ddp_matched)
+FSDP = Native(script="fsdp.py", matched=_fsdp_matched)
 HOROVOD_TORCH = Native(script="horovod_torch.py", matched=_threads)
 DEEPSPEED = Native(script="ds_engine.py", matched=_deepspeed_matched)
 TF_MWMS = Native(script="tf_mwms.py", matched=_tf_matched)
@@ -105,6 +111,7 @@ def _case(name: str, backend: str, launcher: str, **extra: Any) -> StepCase:
 
 CASES: tuple[StepCase, ...] = (
     _case("ddp/torchrun", "ddp", "torchrun"),
+    _case("fsdp/torchrun", "fsdp", "torchrun"),
     _case("horovod-torch-gloo/horovodrun", "horovod", "horovodrun", horovod={"controller": "gloo"}),
     _case("horovod-torch-mpi/horovodrun", "horovod", "horovodrun", horovod={"controller": "mpi"}),
     *(

@@ -118,6 +118,10 @@ class Engine:
 
 ENGINES: dict[str, Engine] = {
     "ddp/torchrun": Engine("ddp", {"backend": "ddp", "launch": {"launcher": "torchrun"}}),
+    "fsdp/torchrun": Engine("fsdp", {"backend": "fsdp", "launch": {"launcher": "torchrun"}}),
+    "hsdp2x1/torchrun": Engine(
+        "fsdp", {"backend": "fsdp", "fsdp": {"replicate": 2}, "launch": {"launcher": "torchrun"}}
+    ),
     "horovod/horovodrun-gloo": Engine(
         "horovod",
         {
@@ -228,6 +232,7 @@ def all_cases() -> list[Case]:
         _case(engine, "adamw", arch="cnn")
         for engine in (
             "ddp/torchrun",
+            "fsdp/torchrun",
             "horovod/horovodrun-gloo",
             "zero2/deepspeed",
             "tf-multiworker/local",

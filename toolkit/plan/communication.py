@@ -52,6 +52,17 @@ def zero_bytes(
     return share * (c + 2.0 * w) * micro_batches
 
 
+def fsdp_bytes(spec: TrainSpec, *, parameters: float, shard: int, micro_batches: int) -> float:
+    """FSDP2 per step and rank: every micro-batch all-gathers the parameters for forward and,
+    after a reshard, again for backward (in the compute dtype); the gradients are
+    reduce-scattered once, with the last micro-batch (in fsdp.reduce_dtype under bf16)."""
+    share = (shard - 1) / shard * parameters if shard > 1 else 0.0
+    w = 2.0 if spec.precision == "bf16" else 4.0
+    gathers = 2.0 if spec.fsdp.reshard_after_forward else 1.0
+    reduced = 2.0 if spec.precision == "bf16" and spec.fsdp.reduce_dtype == "bf16" else 4.0
+    return share * (gathers * w * micro_batches + reduced)
+
+
 def pipeline_bytes(
     spec: TrainSpec,
     *,

@@ -253,3 +253,37 @@ def zero(
     else:
         device.update(states)
     return Memory(device=device, host=host, activations=activations, never_together=never_together)
+
+
+def fsdp(
+    spec: TrainSpec,
+    *,
+    parameters: int,
+    largest_layer: int,
+    shard: int,
+    activations: float | None,
+    offload: bool = False,
+) -> Memory:
+    """FSDP2 (`fully_shard`) over a shard group of `shard` ranks: fp32 parameters, gradients
+    and optimizer state sharded 1/shard (the sharded parameters are the optimizer's fp32
+    masters, so there is no separate master copy); working: the gathered unit and the next one
+    it prefetches, in the compute dtype, and one unit's unsharded fp32 gradient before its
+    reduce-scatter (the largest layer standing for a unit); with reshard_after_forward false the
+    gathered parameters stay from forward to backward, the whole model at the high point. With
+    offload the shards live on the host."""
+    p, n = float(parameters), shard
+    w = 2.0 if spec.precision == "bf16" else 4.0
+    gathered = w * p if not spec.fsdp.reshard_after_forward else 2.0 * w * largest_layer
+    states = {
+        "parameters": 4.0 * p / n,
+        "gradients": 4.0 * p / n,
+        "optimizer": float(optimizer_bytes(spec)) * p / n,
+    }
+    device: dict[str, float] = dict.fromkeys(COMPONENTS, 0.0)
+    device["working"] = gathered + 4.0 * largest_layer
+    host: dict[str, float] = {}
+    if offload:
+        host.update(states)
+    else:
+        device.update(states)
+    return Memory(device=device, host=host, activations=activations)

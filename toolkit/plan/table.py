@@ -69,6 +69,27 @@ def ddp_rows(s: Setting) -> list[PlanRow]:
     return [PlanRow("ddp+torch", memory, sent, note=note)]
 
 
+def fsdp_rows(s: Setting) -> list[PlanRow]:
+    """FSDP2 over its shard groups (fsdp.replicate of them), with and without CPU offload."""
+    p = s.facts.parameters
+    shard = max(s.ranks // s.spec.fsdp.replicate, 1)
+    rows = []
+    for offload in (False, True):
+        memory = mem.fsdp(
+            s.spec,
+            parameters=p,
+            largest_layer=s.facts.largest_layer,
+            shard=shard,
+            activations=s.activations(),
+            offload=offload,
+        )
+        sent = comm.fsdp_bytes(s.spec, parameters=p, shard=shard, micro_batches=s.micro_batches)
+        note = "" if s.facts.largest_layer_known else "largest layer = model"
+        name = "fsdp+torch" + (" offload cpu" if offload else "")
+        rows.append(PlanRow(name, memory, sent, note=note))
+    return rows
+
+
 def _horovod(s: Setting, framework: str) -> list[PlanRow]:
     p = s.facts.parameters
     threshold = float(s.spec.horovod.fusion_threshold * MIB)

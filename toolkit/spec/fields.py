@@ -188,6 +188,22 @@ Hosts = Annotated[
     Field(json_schema_extra={"items": {"type": "string", "pattern": f"^{ENTRY_PATTERN}$"}}),
 ]
 
+
+def _names(value: Any) -> Any:
+    if not isinstance(value, list | tuple):
+        raise field_error("must be a list of class names", 'write e.g. ["GPT2Block"]')
+    return tuple(value)
+
+
+ClassNames = Annotated[
+    tuple[
+        Annotated[str, Text("a Python class name", "e.g. GPT2Block", r"[A-Za-z_][A-Za-z0-9_]*")],
+        ...,
+    ],
+    BeforeValidator(_names),
+]
+"""Class names of modules, written as a list."""
+
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 

@@ -36,6 +36,7 @@ from toolkit.spec.sections import (
     BatchSpec,
     CheckpointSpec,
     DdpSpec,
+    FsdpSpec,
     HorovodSpec,
     LaunchSpec,
     LossScalingSpec,
@@ -54,7 +55,9 @@ StepLoss = Literal["local", "global"]
 class TrainSpec(Section):
     """One training job for any engine. Constructing it validates it (raises SpecError)."""
 
-    backend: Backend = Field(default="ddp", description="Engine: ddp, horovod, deepspeed or tf.")
+    backend: Backend = Field(
+        default="ddp", description="Engine: ddp, fsdp, horovod, deepspeed or tf."
+    )
     framework: Framework | None = Field(
         default=None,
         description="torch or tensorflow; null = implied by backend (tf: tensorflow, others: "
@@ -115,6 +118,11 @@ class TrainSpec(Section):
     )
     horovod: HorovodSpec = Field(
         default_factory=HorovodSpec, validate_default=True, description="Horovod settings."
+    )
+    fsdp: FsdpSpec = Field(
+        default_factory=FsdpSpec,
+        validate_default=True,
+        description="PyTorch FSDP2 (fully_shard) settings.",
     )
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")
     schedule: ScheduleSpec = Field(
@@ -241,6 +249,14 @@ class TrainSpec(Section):
         _raise(rules.horovod_issues(horovod, backend, framework, launch))
         launcher = rules.launcher_of(backend, framework, launch)
         return horovod.with_launcher(controllers_under(launcher)[0])
+
+    @field_validator("fsdp")
+    @classmethod
+    def _fsdp_layout(cls, fsdp: FsdpSpec, info: ValidationInfo) -> FsdpSpec:
+        if _have(info, "backend", "precision", "launch"):
+            data = info.data
+            _raise(rules.fsdp_issues(fsdp, data["backend"], data["precision"], data["launch"]))
+        return fsdp
 
     # -- building and writing -----------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from toolkit.spec.errors import SpecIssue
 from toolkit.spec.hosts import Host, parse_host
 from toolkit.spec.sections import (
     BatchSpec,
+    FsdpSpec,
     HorovodSpec,
     LaunchSpec,
     OptimizerSpec,
@@ -252,6 +253,29 @@ def gpu_issues(launch: LaunchSpec, device: str) -> Iterator[SpecIssue]:
             launch.np,
             f"at most launch.gpus_per_host ({gpus}) on one host: one rank per GPU",
             "lower launch.np, or list several hosts in launch.hosts",
+        )
+
+
+def fsdp_issues(
+    fsdp: FsdpSpec, backend: str, precision: str, launch: LaunchSpec
+) -> Iterator[SpecIssue]:
+    """An engine's precisions (FSDP: fp32 or bf16, its fp16 would need a sharded loss scaler
+    the toolkit does not run), and a hybrid layout that splits the ranks evenly."""
+    entry = engine_of(backend, None)
+    if precision not in entry.precisions:
+        yield _issue(
+            "precision",
+            precision,
+            f"{' or '.join(entry.precisions)} with backend {backend}",
+            "use bf16 (no loss scaling needed), or an engine that runs fp16 (ddp, deepspeed)",
+        )
+    world = fixed_world_size(launch)
+    if entry.hybrid_shards and world is not None and world % fsdp.replicate:
+        yield _issue(
+            "fsdp.replicate",
+            fsdp.replicate,
+            f"a divisor of the world size ({world}): replicate x shard = ranks",
+            f"use one of {[d for d in range(1, world + 1) if world % d == 0]}",
         )
 
 

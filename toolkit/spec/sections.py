@@ -23,6 +23,7 @@ from pydantic import Field, PrivateAttr, ValidationInfo, field_validator
 from toolkit.engines import Controller, Launcher
 from toolkit.spec.fields import (
     Betas,
+    ClassNames,
     Env,
     Hosts,
     Section,
@@ -35,6 +36,7 @@ from toolkit.spec.hosts import HOST_NAME, MAX_RANKS
 
 OptimizerName = Literal["sgd", "adam", "adamw", "script"]
 OffloadDevice = Literal["none", "cpu", "nvme"]
+ReduceDtype = Literal["fp32", "bf16"]
 HorovodCompression = Literal["none", "fp16"]
 HorovodOp = Literal["average", "sum", "adasum"]
 TfCommunication = Literal["ring", "nccl", "auto"]
@@ -347,6 +349,54 @@ class DdpSpec(Section):
         "copy into the bucket before each all-reduce and back after it, and one copy of the "
         "gradients fewer in memory.",
     )
+
+
+class FsdpSpec(Section):
+    """PyTorch FSDP2 (`fully_shard`): which modules are units, when their parameters are
+    released, offload, and hybrid sharding. Parameters, gradients and optimizer state are
+    sharded over the ranks of a shard group; the optimizer steps on fp32 shards whatever the
+    precision (the spec's bf16 computes in bf16, gradients are reduced in `reduce_dtype`)."""
+
+    wrap: ClassNames = Field(
+        default=(),
+        description="Class names of the modules that become FSDP units, each gathered and "
+        "released on its own (e.g. [GPT2Block]); [] = the model's repeated blocks: the "
+        "modules in its ModuleLists, else an nn.Sequential's children that hold parameters. "
+        "The whole model is always the outermost unit.",
+    )
+    reshard_after_forward: bool = Field(
+        default=True,
+        description="Free each unit's gathered parameters after its forward and gather them "
+        "again in backward (ZeRO-3's memory); false keeps them from forward to backward (one "
+        "all-gather fewer per step, ZeRO-2's memory for parameters).",
+    )
+    offload: OffloadDevice = Field(
+        default="none",
+        description="cpu: the sharded parameters, gradients and optimizer step live on the "
+        "host (CPUOffloadPolicy); nvme is refused (FSDP has none).",
+    )
+    replicate: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_RANKS,
+        description="HSDP: groups that each hold a whole sharded copy, the ranks split into "
+        "replicate x shard; 1 = one shard group over every rank (plain FSDP).",
+    )
+    reduce_dtype: ReduceDtype = Field(
+        default="fp32",
+        description="dtype gradients are reduced in under precision bf16 "
+        "(MixedPrecisionPolicy.reduce_dtype); fp32, the default, sums bf16 gradients in fp32.",
+    )
+
+    @field_validator("offload")
+    @classmethod
+    def _no_nvme(cls, offload: str) -> str:
+        if offload == "nvme":
+            raise field_error(
+                "none or cpu: FSDP offloads to the host's memory only",
+                "use none or cpu, or DeepSpeed's zero.offload_params: nvme",
+            )
+        return offload
 
 
 GLOO_CYCLE_TIME_MS = 5.0

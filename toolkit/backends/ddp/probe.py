@@ -1,4 +1,5 @@
-"""Doctor probe for PyTorch, its torch.distributed transports and its CUDA side."""
+"""Doctor probe for PyTorch (the ddp and fsdp engines): its torch.distributed transports, FSDP2's
+`fully_shard` and its CUDA side."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ def probe() -> ProbeReport:
             "cuda": torch.version.cuda or False,
             "distributed_transports": [name for name, ok in transports.items() if ok],
             "threads": torch.get_num_threads(),
+            "fully_shard": _has_fully_shard(),
         },
         gpu=gpu_support(torch),
     )
@@ -39,7 +41,25 @@ def probe() -> ProbeReport:
         report.problems.append(
             Problem("torch.distributed has no gloo transport; DDP on CPU needs it", "make setup")
         )
+    if not report.details["fully_shard"]:
+        report.problems.append(
+            Problem(
+                f"torch {torch.__version__} has no torch.distributed.fsdp.fully_shard (FSDP2): "
+                "backend fsdp cannot run",
+                "install torch 2.6 or newer: make setup",
+            )
+        )
     return report
+
+
+def _has_fully_shard() -> bool:
+    """FSDP2 and the distributed checkpoint state-dict API the fsdp backend reads through."""
+    try:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict  # noqa: F401
+        from torch.distributed.fsdp import fully_shard  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def gpu_support(torch: ModuleType) -> GpuSupport:

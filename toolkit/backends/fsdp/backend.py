@@ -1,0 +1,276 @@
+"""PyTorch FSDP2 (`fully_shard`): parameters, gradients and optimizer state sharded over ranks.
+
+The model's units (`fsdp.wrap`, by default its repeated blocks) and then the whole model are
+each given to `fully_shard` over a DeviceMesh of every rank, or of replicate x shard ranks for
+HSDP (`fsdp.replicate`). Each unit gathers its parameters for its forward and backward and
+reduce-scatters its gradients; the optimizer steps on this rank's fp32 shards (DTensors).
+
+- Accumulation is FSDP's own: every micro-batch but the last runs with
+  `set_requires_gradient_sync(False)`, so gradients add up unsharded in each unit and are
+  reduced once per step; each micro-batch's loss is divided by their number, and FSDP averages
+  over ranks, so the step's gradient is the global-batch mean, as under DDP.
+- Mixed precision is FSDP's MixedPrecisionPolicy: under bf16 the gathered parameters and the
+  forward are bf16, gradients are reduced in `fsdp.reduce_dtype` (fp32 unless the spec says
+  otherwise) and the optimizer keeps fp32 masters. The model must be fp32 when it is sharded:
+  a model cast to bf16 first would keep bf16 masters (accelerate issue 2624's trap).
+- Clipping is torch's `clip_grad_norm_` over the sharded gradients (DTensors: the norm is
+  reduced over the ranks), the formula every engine uses.
+- Weights and checkpoints go through PyTorch's distributed checkpoint state-dict API
+  (`get_model_state_dict` / `set_model_state_dict` with full state dicts): full fp32 tensors by
+  state_dict name, the portable layout every engine reads, so checkpoints move between FSDP,
+  DDP and ZeRO.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import nullcontext
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
+
+from toolkit.backends import torch_batches as batches
+from toolkit.backends import torch_common as common
+from toolkit.backends import torch_device, torch_state
+from toolkit.backends.base import Backend, LossFn, MetricFn, MicroBatch, StateShare
+from toolkit.backends.torch_data import TorchData
+from toolkit.checkpoint import CheckpointState, optimizer_key
+from toolkit.errors import ToolkitError
+
+REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+FULL = StateDictOptions(full_state_dict=True)
+"""Every rank gathers every full tensor (full_state_dict is identical on every rank)."""
+FULL_ON_RANK0 = StateDictOptions(full_state_dict=True, cpu_offload=True)
+"""Rank 0 alone holds the full tensors, on the CPU: what a checkpoint's writer needs."""
+
+
+class FSDPBackend(common.TorchCollectives, TorchData, Backend):
+    model: Any
+    optimizer: torch.optim.Optimizer
+
+    def setup(self) -> None:
+        common.configure_threads(self.spec, self.env)
+        common.export_torch_env(self.env, common.rendezvous(self.spec, self.env))
+        common.apply_collective_timeout(common.collective_timeout(self.spec))
+        self.device = torch_device.bind_device(self.spec, self.env)
+        if not dist.is_initialized():
+            dist.init_process_group(
+                torch_device.group_backend(self.device),
+                init_method="env://",
+                rank=self.env.rank,
+                world_size=self.env.world_size,
+                timeout=common.collective_timeout(self.spec),
+            )
+        self.mesh = self._mesh()
+
+    def _mesh(self) -> DeviceMesh:
+        """Every rank in one shard group, or replicate x shard for HSDP."""
+        replicate = self.spec.fsdp.replicate
+        world = self.env.world_size
+        if world % replicate:
+            raise ToolkitError(
+                f"fsdp.replicate={replicate} does not divide the {world} ranks of this job",
+                "use a divisor of the world size",
+            )
+        if replicate == 1:
+            return init_device_mesh(self.device.type, (world,), mesh_dim_names=("shard",))
+        return init_device_mesh(
+            self.device.type, (replicate, world // replicate), mesh_dim_names=("replicate", "shard")
+        )
+
+    def prepare(self, model: Any, optimizer: Any | None = None) -> Any:
+        module = common.require_module(model)
+        _require_fp32(module)
+        if optimizer is not None:
+            raise ToolkitError(
+                "backend fsdp builds the optimizer on the sharded parameters; prepare() got one "
+                "built on the unsharded model",
+                "call run.prepare(model) without an optimizer and name it in the spec's "
+                "optimizer section",
+            )
+        module = module.to(self.device)
+        settings: dict[str, Any] = {
+            "mesh": self.mesh,
+            "reshard_after_forward": self.spec.fsdp.reshard_after_forward,
+            "mp_policy": self._precision_policy(),
+            "offload_policy": CPUOffloadPolicy()
+            if self.spec.fsdp.offload == "cpu"
+            else OffloadPolicy(),
+        }
+        for unit in reversed(units_of(module, self.spec.fsdp.wrap)):
+            fully_shard(unit, **settings)
+        self.model = fully_shard(module, **settings)
+        lr = self.spec.effective_lr(self.env.world_size)
+        self.optimizer = common.build_optimizer(self.model.parameters(), self.spec, lr)
+        self.scheduler = common.lr_scheduler(self.optimizer, self.spec)
+        return self.model
+
+    def _precision_policy(self) -> MixedPrecisionPolicy:
+        """bf16: gather and compute in bf16, reduce in fsdp.reduce_dtype; fp32: no casts."""
+        if self.spec.precision != "bf16":
+            return MixedPrecisionPolicy()
+        return MixedPrecisionPolicy(
+            param_dtype=torch.bfloat16, reduce_dtype=REDUCE_DTYPES[self.spec.fsdp.reduce_dtype]
+        )
+
+    def train_step(self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn | None) -> float:
+        self.optimizer.zero_grad(set_to_none=True)
+        count = len(micro_batches)
+        losses = []
+        for index, batch in enumerate(micro_batches):
+            # Reduce-scatter with the last micro-batch's backward only (module docs).
+            self.model.set_requires_gradient_sync(index == count - 1)
+            loss = batches.micro_batch_loss(self.model, batch, loss_fn, device=self.device)
+            batches.share_of_step(loss, count).backward()
+            losses.append(loss.detach())
+        if self.spec.clip_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.clip_grad_norm)
+        self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        return self.reported_loss(batches.mean_loss(losses))
+
+    def eval_sums(
+        self, micro_batches: Sequence[MicroBatch], metric_fn: MetricFn, *, pairs: bool
+    ) -> dict[str, float]:
+        # Through the sharded model: each unit gathers its parameters for its forward.
+        return batches.evaluate_module(
+            self.model,
+            micro_batches,
+            metric_fn,
+            pairs=pairs,
+            precision=nullcontext(),
+            device=self.device,
+        )
+
+    def full_state_dict(self) -> dict[str, np.ndarray]:
+        # Collective: every rank gathers every tensor.
+        weights: dict[str, Any] = get_model_state_dict(self.model, options=FULL)
+        return {name: common.portable(tensor) for name, tensor in weights.items()}
+
+    def capture_state(self) -> StateShare:
+        """Rank 0 writes the full weights and optimizer state (gathered onto its CPU), every
+        rank its generators; the gathers are collective, so every rank takes part."""
+        weights: dict[str, Any] = get_model_state_dict(self.model, options=FULL_ON_RANK0)
+        optimizer: dict[str, Any] = get_optimizer_state_dict(
+            self.model, self.optimizer, options=FULL_ON_RANK0
+        )
+        share = StateShare(arrays=torch_state.rng_arrays(self.env.rank))
+        if self.env.rank == 0:
+            share.model = {name: common.portable(tensor) for name, tensor in weights.items()}
+            share.optimizer, share.scalars = _portable_optimizer(optimizer["state"])
+        return share
+
+    def restore_state(self, state: CheckpointState) -> None:
+        """Every rank reads the whole checkpoint; FSDP keeps each rank's shards of it."""
+        names = set(self.model.state_dict())  # this rank's shards: nothing is gathered
+        if names != set(state.model):
+            raise ToolkitError(
+                f"the checkpoint's weights do not fit this model (missing "
+                f"{sorted(names - set(state.model))[:5]}, unexpected "
+                f"{sorted(set(state.model) - names)[:5]})",
+                "resume with the model the checkpoint was saved from, or set "
+                "checkpoint.resume: never",
+            )
+        weights: dict[str, Any] = {
+            name: torch.from_numpy(np.ascontiguousarray(v)) for name, v in state.model.items()
+        }
+        set_model_state_dict(self.model, weights, options=FULL)
+        current: dict[str, Any] = get_optimizer_state_dict(self.model, self.optimizer, options=FULL)
+        restored: dict[str, Any] = {
+            "state": _torch_optimizer(state, weights),
+            "param_groups": current["param_groups"],
+        }
+        set_optimizer_state_dict(self.model, self.optimizer, restored, options=FULL)
+        torch_state.advance_scheduler(self.scheduler, state.step)
+        torch_state.restore_rng(state, self.env.rank)
+
+    def shutdown(self) -> None:
+        common.release_process_groups(self, ("model", "optimizer", "scheduler", "mesh"))
+
+
+def units_of(module: torch.nn.Module, names: Sequence[str]) -> list[torch.nn.Module]:
+    """The modules that become FSDP units, outermost first: those of the classes `names`, or
+    by default the model's repeated blocks (the modules of its ModuleLists, else the children
+    of an nn.Sequential that hold parameters)."""
+    if names:
+        found = [m for m in module.modules() if m is not module and type(m).__name__ in names]
+        missing = sorted(set(names) - {type(m).__name__ for m in found})
+        if missing:
+            classes = sorted({type(m).__name__ for m in module.modules()})
+            raise ToolkitError(
+                f"fsdp.wrap names {missing}, but the model has no module of that class",
+                f"name classes the model has: {', '.join(classes[:12])}",
+            )
+        return found
+    lists = [m for m in module.modules() if isinstance(m, torch.nn.ModuleList)]
+    if lists:
+        return [block for blocks in lists for block in blocks]
+    if isinstance(module, torch.nn.Sequential):
+        return [child for child in module.children() if any(True for _ in child.parameters())]
+    return []
+
+
+def _require_fp32(module: torch.nn.Module) -> None:
+    low = sorted({str(p.dtype) for p in module.parameters() if p.dtype != torch.float32})
+    if low:
+        raise ToolkitError(
+            f"backend fsdp shards an fp32 model; this one has {', '.join(low)} parameters, which "
+            "would make the optimizer's masters low precision",
+            "build the model in fp32 and set precision: bf16 in the spec: FSDP computes in bf16 "
+            "and keeps fp32 masters",
+        )
+
+
+def _portable_optimizer(
+    slots_by_name: dict[str, dict[str, Any]],
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """FSDP's full optimizer state (by parameter name) in the portable layout: torch's own
+    slot names, one step count (torch_state.step_scalars)."""
+    tensors: dict[str, np.ndarray] = {}
+    steps: dict[str, float] = {}
+    for name, slots in slots_by_name.items():
+        for slot, value in slots.items():
+            if slot == torch_state.STEP:
+                steps[name] = float(value)
+            elif isinstance(value, torch.Tensor):
+                tensors[optimizer_key(slot, name)] = common.to_numpy(value)
+    return tensors, torch_state.step_scalars(steps, tensors)
+
+
+def _torch_optimizer(
+    state: CheckpointState, weights: dict[str, torch.Tensor]
+) -> dict[str, dict[str, torch.Tensor]]:
+    """The checkpoint's optimizer state as a full torch state by parameter name."""
+    restored: dict[str, dict[str, torch.Tensor]] = {}
+    for name, slots in torch_state.slots_by_parameter(state).items():
+        if name not in weights:
+            raise ToolkitError(
+                f"the checkpoint's optimizer state names {name!r}, which this model does not have",
+                "resume with the model the checkpoint was saved from, or set "
+                "checkpoint.resume: never",
+            )
+        step = torch_state.step_tensor(slots, state.scalars)
+        restored[name] = {
+            slot: torch.from_numpy(np.ascontiguousarray(value)).to(weights[name].dtype)
+            for slot, value in slots.items()
+        }
+        if step is not None:
+            restored[name][torch_state.STEP] = step
+    return restored
