@@ -30,6 +30,7 @@ FULL = [
     *SUBSET,
     ("tf_multiworker", "srun"),
     ("ddp", "srun"),
+    ("fsdp", "srun"),
     ("ddp", "mpirun"),
     ("pipeline", "srun"),
     ("horovod_tf", "mpirun"),
