@@ -128,7 +128,7 @@ def full_tensor(value: np.ndarray, like: torch.Tensor, name: str) -> torch.Tenso
             f"{tuple(like.shape)}",
             "resume with the model the checkpoint was saved from, or set checkpoint.resume: never",
         )
-    return torch.from_numpy(np.ascontiguousarray(value)).to(dtype=like.dtype, device=like.device)
+    return torch.from_numpy(np.array(value, order="C")).to(dtype=like.dtype, device=like.device)
 
 
 def restore_optimizer(

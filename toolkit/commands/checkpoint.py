@@ -1,18 +1,20 @@
 """`toolkit checkpoint inspect|export|import`: look into a checkpoint, take the weights out of
-it, bring a native DeepSpeed checkpoint in.
+it, bring a native DeepSpeed or PyTorch distributed checkpoint in.
 
 toolkit checkpoint inspect DIR [--json] [--verify]
     engine, step, world size and what is inside (tensors, parameters, bytes, dtypes per
     section); DIR is a checkpoint directory (its `latest` is shown) or one step-N in it.
     --verify also reads every file and checks its checksum.
-toolkit checkpoint export DIR --to safetensors|torch --out FILE
+toolkit checkpoint export DIR --to safetensors|torch|dcp --out PATH
     the consolidated model weights for inference: a safetensors file `from_pretrained`
-    reads as model.safetensors, or a torch.save'd dict of tensors
-toolkit checkpoint import DS_DIR --to OUT_DIR [--tag TAG]
+    reads as model.safetensors, or a torch.save'd dict of tensors; dcp: a PyTorch distributed
+    checkpoint directory with the weights and optimizer state (toolkit.backends.fsdp.dcp)
+toolkit checkpoint import SRC_DIR --to OUT_DIR [--from deepspeed|dcp] [--tag TAG]
     a directory written by DeepSpeed's engine.save_checkpoint (ZeRO 0-3), its `latest` tag or
-    TAG, as OUT_DIR/step-N with fp32 weights and optimizer state, so that a toolkit run with
-    checkpoint.dir: OUT_DIR resumes from it under any torch engine. DeepSpeed's files are
-    pickles: import only checkpoints you trust (toolkit.backends.deepspeed.native_import).
+    TAG, or with --from dcp one written by torch.distributed.checkpoint.save, as
+    OUT_DIR/step-N with fp32 weights and optimizer state, so that a toolkit run with
+    checkpoint.dir: OUT_DIR resumes from it under any torch engine. DeepSpeed's files and DCP's
+    metadata are pickles: import only checkpoints you trust.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from typing import Any
 from toolkit.checkpoint import SECTIONS, open_checkpoint
 from toolkit.checkpoint.export import EXPORT_FORMATS, SaveTorch, export_weights, summary
 from toolkit.errors import ToolkitError
+
+DCP = "dcp"
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -80,13 +84,37 @@ def _torch_writer() -> SaveTorch | None:
 
 def _export(args: argparse.Namespace) -> int:
     checkpoint = open_checkpoint(args.dir)
+    if args.to == DCP:
+        count = _dcp().export_dcp(checkpoint, args.out)
+        print(f"wrote {count} tensors of step {checkpoint.step} to {args.out} (dcp)")
+        return 0
     save_torch = _torch_writer() if args.to == "torch" else None
     count = export_weights(checkpoint, args.out, to=args.to, save_torch=save_torch)
     print(f"wrote {count} tensors of step {checkpoint.step} to {args.out} ({args.to})")
     return 0
 
 
+def _dcp() -> Any:
+    """The DCP converters (toolkit.backends.fsdp.dcp), which need PyTorch."""
+    try:
+        from toolkit.backends.fsdp import dcp
+    except ImportError as error:
+        raise ToolkitError(
+            f"the dcp format needs PyTorch, which does not import ({error})",
+            "pip install 'toolkit[torch]'",
+        ) from None
+    return dcp
+
+
 def _import(args: argparse.Namespace) -> int:
+    if args.source == DCP:
+        done = _dcp().import_dcp(args.dir, args.to)
+        print(
+            f"imported PyTorch distributed checkpoint {args.dir} (step {done.state.step}): "
+            f"{len(done.state.model)} weights, {len(done.state.optimizer)} optimizer tensors "
+            f"-> {done.path}"
+        )
+        return 0
     try:
         from toolkit.backends.deepspeed.native_import import import_checkpoint
     except ImportError as error:
@@ -116,20 +144,39 @@ def register(subparsers: Any) -> None:
     inspect.set_defaults(func=_inspect)
     export = actions.add_parser("export", help="write the model weights for inference")
     export.add_argument("dir", help="checkpoint directory, or one step-N directory in it")
-    export.add_argument("--to", required=True, choices=EXPORT_FORMATS, help="file format")
-    export.add_argument("--out", required=True, metavar="FILE", help="file to write")
+    export.add_argument(
+        "--to",
+        required=True,
+        choices=(*EXPORT_FORMATS, DCP),
+        help="file format; dcp: a PyTorch distributed checkpoint directory with the optimizer "
+        "state, which torch.distributed.checkpoint.load reads at any world size",
+    )
+    export.add_argument("--out", required=True, metavar="PATH", help="file (dir for dcp)")
     export.set_defaults(func=_export)
     native = actions.add_parser(
         "import",
-        help="convert a native DeepSpeed checkpoint (engine.save_checkpoint, ZeRO 0-3)",
+        help="convert a native DeepSpeed checkpoint (ZeRO 0-3) or a PyTorch distributed one",
         description="Convert a directory written by DeepSpeed's engine.save_checkpoint (ZeRO "
-        "stage 0-3; not the pipeline engine) into the portable format: fp32 weights and Adam, "
-        "AdamW or (ZeRO-0) SGD optimizer state, so that checkpoint.dir: OUT_DIR resumes from "
-        "it. DeepSpeed's files are pickles: every file is first read with weights_only=True "
-        "and DeepSpeed's classes only, but DeepSpeed's converters then load them fully, so "
-        "import only checkpoints you trust.",
+        "stage 0-3; not the pipeline engine), or with --from dcp by "
+        "torch.distributed.checkpoint.save (FSDP2, torchtitan: get_state_dict's 'model' and "
+        "'optimizer'), into the portable format: fp32 weights and optimizer state, so that "
+        "checkpoint.dir: OUT_DIR resumes from it. DeepSpeed's files are pickles: every file is "
+        "first read with weights_only=True and DeepSpeed's classes only, but DeepSpeed's "
+        "converters then load them fully; DCP's metadata is a pickle too. Import only "
+        "checkpoints you trust.",
     )
-    native.add_argument("dir", metavar="DS_DIR", help="save_dir of save_checkpoint, or a tag in it")
+    native.add_argument(
+        "dir",
+        metavar="SRC_DIR",
+        help="save_dir of save_checkpoint, or a tag in it; or a DCP directory",
+    )
+    native.add_argument(
+        "--from",
+        dest="source",
+        choices=("deepspeed", DCP),
+        default="deepspeed",
+        help="what wrote SRC_DIR (default deepspeed)",
+    )
     native.add_argument("--to", required=True, metavar="OUT_DIR", help="checkpoint dir to write")
     native.add_argument("--tag", help="the tag to import (default: the one DS_DIR/latest names)")
     native.set_defaults(func=_import)

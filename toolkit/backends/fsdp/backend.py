@@ -189,7 +189,7 @@ class FSDPBackend(common.TorchCollectives, TorchData, Backend):
                 "checkpoint.resume: never",
             )
         weights: dict[str, Any] = {
-            name: torch.from_numpy(np.ascontiguousarray(v)) for name, v in state.model.items()
+            name: torch.from_numpy(np.array(v, order="C")) for name, v in state.model.items()
         }
         set_model_state_dict(self.model, weights, options=FULL)
         current: dict[str, Any] = get_optimizer_state_dict(self.model, self.optimizer, options=FULL)
@@ -268,7 +268,7 @@ def _torch_optimizer(
             )
         step = torch_state.step_tensor(slots, state.scalars)
         restored[name] = {
-            slot: torch.from_numpy(np.ascontiguousarray(value)).to(weights[name].dtype)
+            slot: torch.from_numpy(np.array(value, order="C")).to(weights[name].dtype)
             for slot, value in slots.items()
         }
         if step is not None:
