@@ -240,7 +240,12 @@ def all_cases() -> list[Case]:
     ]
     cases += [
         _case(engine, "sgd-accum2-clip-lrscale", precision="bf16")
-        for engine in ("ddp/torchrun", "horovod/horovodrun-gloo")
+        for engine in (
+            "ddp/torchrun",
+            "fsdp/torchrun",
+            "zero3/deepspeed",
+            "horovod/horovodrun-gloo",
+        )
     ]
     cases += [
         _case(engine, "sgd-logwarmup-linear")
