@@ -205,6 +205,19 @@ def numpy_state(module: torch.nn.Module) -> dict[str, np.ndarray]:
     return {name: portable(tensor) for name, tensor in module.state_dict().items()}
 
 
+def rank0_buffers(module: torch.nn.Module, broadcast: Callable[[torch.Tensor], None]) -> None:
+    """Put rank 0's buffers (BatchNorm's running statistics and counter) on every rank, in
+    place, with the engine's own `broadcast` from rank 0.
+
+    Data parallelism defines a model's buffers as rank 0's, grown from its own samples: DDP
+    broadcasts them from rank 0 before every forward, while Horovod, DeepSpeed and FSDP leave
+    each rank its own. Rank 0's are the same under every engine; the backends call this before
+    they evaluate and before they read the full weights, so that metrics and weights are the
+    same on every rank and engine. Training never reads them, so the step is unchanged."""
+    for buffer in module.buffers():
+        broadcast(buffer)
+
+
 def require_module(model: Any) -> torch.nn.Module:
     if not isinstance(model, torch.nn.Module):
         raise ToolkitError(
@@ -237,6 +250,10 @@ class TorchCollectives:
 
     def barrier(self) -> None:
         dist.barrier()
+
+    def broadcast_from_rank0(self, tensor: torch.Tensor) -> None:
+        """In place, over the job's process group (rank0_buffers)."""
+        dist.broadcast(tensor, src=0)
 
 
 def release_process_groups(

@@ -95,6 +95,7 @@ class DDPBackend(common.TorchCollectives, TorchData, Backend):
     def eval_sums(
         self, micro_batches: Sequence[MicroBatch], metric_fn: MetricFn, *, pairs: bool
     ) -> dict[str, float]:
+        common.rank0_buffers(self.model.module, self.broadcast_from_rank0)
         return batches.evaluate_module(
             self.model.module,
             micro_batches,
@@ -105,6 +106,7 @@ class DDPBackend(common.TorchCollectives, TorchData, Backend):
         )
 
     def full_state_dict(self) -> dict[str, np.ndarray]:
+        common.rank0_buffers(self.model.module, self.broadcast_from_rank0)
         return common.numpy_state(self.model.module)
 
     def capture_state(self) -> StateShare:

@@ -173,6 +173,7 @@ class DeepSpeedBackend(common.TorchCollectives, TorchData, Backend):
                 world_size=self.env.world_size,
             )
         # Through the engine: under ZeRO-3 its hooks gather each layer's parameters.
+        common.rank0_buffers(self.engine.module, self.broadcast_from_rank0)
         return batches.evaluate_module(
             self.engine,
             micro_batches,
@@ -184,6 +185,8 @@ class DeepSpeedBackend(common.TorchCollectives, TorchData, Backend):
 
     def full_state_dict(self) -> dict[str, np.ndarray]:
         module = self.engine.module
+        if not self.uses_pipeline:  # a pipeline's stages hold different layers
+            common.rank0_buffers(module, self.broadcast_from_rank0)
         state: dict[str, np.ndarray] = {}
         seen: dict[int, np.ndarray] = {}
         # Every rank walks the same names in the same order: gathering is collective (ZeRO-3).

@@ -150,6 +150,7 @@ class FSDPBackend(common.TorchCollectives, TorchData, Backend):
         self, micro_batches: Sequence[MicroBatch], metric_fn: MetricFn, *, pairs: bool
     ) -> dict[str, float]:
         # Through the sharded model: each unit gathers its parameters for its forward.
+        common.rank0_buffers(self.model, self.broadcast_from_rank0)
         return batches.evaluate_module(
             self.model,
             micro_batches,
@@ -161,6 +162,7 @@ class FSDPBackend(common.TorchCollectives, TorchData, Backend):
 
     def full_state_dict(self) -> dict[str, np.ndarray]:
         # Collective: every rank gathers every tensor.
+        common.rank0_buffers(self.model, self.broadcast_from_rank0)
         weights: dict[str, Any] = get_model_state_dict(self.model, options=FULL)
         return {name: common.portable(tensor) for name, tensor in weights.items()}
 

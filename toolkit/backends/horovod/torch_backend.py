@@ -119,6 +119,7 @@ class HorovodTorchBackend(TorchData, Backend):
     def eval_sums(
         self, micro_batches: Sequence[MicroBatch], metric_fn: MetricFn, *, pairs: bool
     ) -> dict[str, float]:
+        common.rank0_buffers(self.model, self._broadcast_from_rank0)
         return batches.evaluate_module(
             self.model,
             micro_batches,
@@ -129,7 +130,12 @@ class HorovodTorchBackend(TorchData, Backend):
         )
 
     def full_state_dict(self) -> dict[str, np.ndarray]:
+        common.rank0_buffers(self.model, self._broadcast_from_rank0)
         return common.numpy_state(self.model)
+
+    @staticmethod
+    def _broadcast_from_rank0(tensor: torch.Tensor) -> None:
+        hvd.broadcast_(tensor, root_rank=0)
 
     def capture_state(self) -> StateShare:
         return torch_state.capture_replicated(
