@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from toolkit.backends.fsdp.backend import _require_fp32, units_of
+from toolkit.backends.fsdp.backend import _require_fp32, clip_sharded, tensor_plan, units_of
 from toolkit.errors import ToolkitError
 from toolkit.spec import SpecError, TrainSpec
 
@@ -91,3 +91,56 @@ def test_replicate_must_divide_the_ranks() -> None:
 
 def test_fsdp_offloads_to_the_host_only() -> None:
     assert list(_issues({"backend": "fsdp", "fsdp": {"offload": "nvme"}})) == ["fsdp.offload"]
+
+
+def test_the_spec_plan_is_checked_against_the_models_modules() -> None:
+    mlp = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    plan = tensor_plan(mlp, {"0": "colwise", "2": "rowwise"})
+    assert [type(style).__name__ for style in plan.values()] == [
+        "ColwiseParallel",
+        "RowwiseParallel",
+    ]
+    with pytest.raises(ToolkitError) as caught:
+        tensor_plan(mlp, {"layers.*.up": "colwise"})
+    assert "names no module" in str(caught.value)
+    with pytest.raises(ToolkitError) as caught:
+        tensor_plan(mlp, {})
+    assert "no tensor-parallel plan of its own" in str(caught.value)
+
+
+def test_a_models_own_plan_is_used_and_its_styles_checked() -> None:
+    tower = Tower()
+    tower._tp_plan = {"blocks.*.attention": "colwise", "blocks.*.mlp": "rowwise"}  # type: ignore[assignment]
+    assert len(tensor_plan(tower, {})) == 2
+    tower._tp_plan = {"head": "colwise_rep"}  # type: ignore[assignment]
+    with pytest.raises(ToolkitError) as caught:
+        tensor_plan(tower, {})
+    assert "'colwise_rep' is not a style the toolkit runs" in str(caught.value)
+
+
+def test_clipping_plain_gradients_is_torchs_clip() -> None:
+    torch.manual_seed(3)
+    ours, torchs = Tower(), Tower()
+    torchs.load_state_dict(ours.state_dict())
+    for model in (ours, torchs):
+        model.head(model.blocks[0].mlp(model.embed(torch.arange(6)))).square().sum().backward()
+    clip_sharded(list(ours.parameters()), 0.5)
+    torch.nn.utils.clip_grad_norm_(torchs.parameters(), 0.5)
+    for mine, theirs in zip(ours.parameters(), torchs.parameters(), strict=True):
+        if theirs.grad is not None:
+            torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-6, atol=0)
+
+
+def test_tensor_parallelism_needs_an_engine_that_runs_it_and_divides_the_data_ranks() -> None:
+    spec = TrainSpec.from_dict(
+        {"backend": "fsdp", "batch": {"global": 32}, "parallel": {"tensor": 2}, "launch": {"np": 4}}
+    )
+    assert spec.batch_for().dp == 2 and spec.batch_for().micro == 16
+    assert list(_issues({"backend": "ddp", "parallel": {"tensor": 2}})) == ["parallel.tensor"]
+    assert list(_issues({"backend": "fsdp", "parallel": {"tensor": 3}, "launch": {"np": 4}})) == [
+        "parallel.tensor"
+    ]
+    hybrid = {"backend": "fsdp", "fsdp": {"replicate": 2}, "parallel": {"tensor": 2}}
+    assert list(_issues({**hybrid, "launch": {"np": 4}})) == ["fsdp.replicate"]
+    bad_pattern = {"backend": "fsdp", "parallel": {"tensor_plan": {"a b": "colwise"}}}
+    assert list(_issues(bad_pattern)) == ["parallel.tensor_plan.a b"]

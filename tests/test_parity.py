@@ -75,6 +75,7 @@ def only(pattern: str):  # type: ignore[no-untyped-def]
 REPRESENTATIVE = [
     "ddp/torchrun:mlp:adamw-warmup-cosine",
     "fsdp/torchrun:mlp:sgd-accum2-clip-lrscale",
+    "fsdp-tp2/torchrun:mlp:sgd-accum2-clip-lrscale",
     "horovod/mpirun:mlp:adamw-warmup-cosine",
     "zero1/deepspeed:mlp:sgd-logwarmup-linear",
     "zero3-offload/deepspeed:mlp:adamw-warmup-cosine",

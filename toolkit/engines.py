@@ -140,6 +140,9 @@ class Engine:
     `tf.local_devices`), which count as data-parallel ranks."""
     precisions: tuple[str, ...] = ("fp32", "fp16", "bf16")
     """The spec's precisions it trains in; others are refused by `toolkit spec check`."""
+    tensor_parallel: bool = False
+    """Runs tensor parallelism (spec `parallel.tensor` above 1) with DTensor's
+    parallelize_module over groups of consecutive ranks."""
     hybrid_shards: bool = False
     """Shards over a mesh of `fsdp.replicate` x shard ranks (FSDP's HSDP), so replicate must
     divide the world size."""
@@ -205,6 +208,7 @@ ENGINES: tuple[Engine, ...] = (
         launchers=("torchrun", "mpirun", "srun", "local"),
         standalone_environments=("torch_env", "single"),
         precisions=("fp32", "bf16"),  # fp16 would need a sharded loss scaler
+        tensor_parallel=True,
         hybrid_shards=True,
     ),
     Engine(

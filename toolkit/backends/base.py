@@ -94,11 +94,13 @@ class Backend(ABC):
     @property
     def dp_size(self) -> int:
         """Data-parallel replicas: the ranks that see different samples."""
-        return self.env.world_size // self.spec.pipeline.stages
+        return self.env.world_size // (self.spec.pipeline.stages * self.spec.parallel.tensor)
 
     @property
     def dp_rank(self) -> int:
         """This process's data-parallel index (which shard of each global batch it reads)."""
+        if self.spec.parallel.tensor > 1:  # a tensor-parallel group is consecutive ranks
+            return self.env.rank // self.spec.parallel.tensor
         return self.env.rank % self.dp_size
 
     @property

@@ -119,6 +119,16 @@ class Engine:
 ENGINES: dict[str, Engine] = {
     "ddp/torchrun": Engine("ddp", {"backend": "ddp", "launch": {"launcher": "torchrun"}}),
     "fsdp/torchrun": Engine("fsdp", {"backend": "fsdp", "launch": {"launcher": "torchrun"}}),
+    # Tensor parallel 2 on the MLP: its first layer split by output features, the second by
+    # input features (its outputs summed over the pair), the last replicated.
+    "fsdp-tp2/torchrun": Engine(
+        "fsdp",
+        {
+            "backend": "fsdp",
+            "parallel": {"tensor": 2, "tensor_plan": {"0": "colwise", "2": "rowwise"}},
+            "launch": {"launcher": "torchrun"},
+        },
+    ),
     "hsdp2x1/torchrun": Engine(
         "fsdp", {"backend": "fsdp", "fsdp": {"replicate": 2}, "launch": {"launcher": "torchrun"}}
     ),

@@ -1,7 +1,8 @@
 """The batch contract: global = micro * accumulation * data-parallel ranks.
 
-Data-parallel ranks (dp) are the world size divided by the pipeline stages: every stage of one
-pipeline sees the same samples. This is DeepSpeed's own rule (`train_batch_size ==
+Data-parallel ranks (dp) are the world size divided by the pipeline stages and the tensor-
+parallel degree: every stage of one pipeline, and every rank of one tensor-parallel group,
+sees the same samples. This is DeepSpeed's own rule (`train_batch_size ==
 train_micro_batch_size_per_gpu * gradient_accumulation_steps * dp`, checked in
 `DeepSpeedConfig._batch_assertion`), and every other engine is held to it too.
 """
@@ -31,11 +32,12 @@ class ResolvedBatch:
     accumulation: int
     """Micro-batches per optimizer step."""
     dp: int
-    """Data-parallel ranks: world size / pipeline stages."""
+    """Data-parallel ranks: world size / (pipeline stages x tensor-parallel degree)."""
 
 
-def data_parallel_size(world_size: int, stages: int) -> int:
-    """World size / pipeline stages; SpecError when the stages do not divide the world."""
+def data_parallel_size(world_size: int, stages: int, tensor: int = 1) -> int:
+    """World size / (pipeline stages x tensor-parallel degree); SpecError when they do not
+    divide the world."""
     if world_size < 1:
         raise SpecError.single(
             "launch.np", world_size, "must be at least 1", hint="a job has at least one rank"
@@ -47,15 +49,24 @@ def data_parallel_size(world_size: int, stages: int) -> int:
             f"must divide the world size ({world_size})",
             hint=f"use a divisor of {world_size}, or change launch.np",
         )
-    return world_size // stages
+    if tensor < 1 or (world_size // stages) % tensor:
+        raise SpecError.single(
+            "parallel.tensor",
+            tensor,
+            f"must divide the world size / pipeline stages ({world_size // stages})",
+            hint="use a divisor of it, or change launch.np",
+        )
+    return world_size // (stages * tensor)
 
 
-def resolve_batch(batch: BatchSpec, world_size: int, stages: int) -> ResolvedBatch:
+def resolve_batch(batch: BatchSpec, world_size: int, stages: int, tensor: int = 1) -> ResolvedBatch:
     """Derive the missing member of the triple for `world_size`; SpecError when impossible."""
-    dp = data_parallel_size(world_size, stages)
+    dp = data_parallel_size(world_size, stages, tensor)
     global_, micro, accum = batch.global_, batch.micro, batch.accumulation
     ranks = f"data-parallel ranks({dp})"
     world = f" (world size {world_size} / pipeline stages {stages})"
+    if tensor > 1:
+        world = f" (world size {world_size} / tensor-parallel degree {tensor})"
     if global_ is None:
         micro = 1 if micro is None else micro
         accum = 1 if accum is None else accum
@@ -96,10 +107,12 @@ def resolve_batch(batch: BatchSpec, world_size: int, stages: int) -> ResolvedBat
     return ResolvedBatch(global_=global_, micro=micro, accumulation=accum, dp=dp)
 
 
-def batch_issues(batch: BatchSpec, world_size: int, stages: int) -> list[SpecIssue]:
+def batch_issues(
+    batch: BatchSpec, world_size: int, stages: int, tensor: int = 1
+) -> list[SpecIssue]:
     """`resolve_batch`'s problems as a list (empty when the triple works)."""
     try:
-        resolve_batch(batch, world_size, stages)
+        resolve_batch(batch, world_size, stages, tensor)
     except SpecError as error:
         return list(error.issues)
     return []

@@ -204,6 +204,33 @@ ClassNames = Annotated[
 ]
 """Class names of modules, written as a list."""
 
+_MODULE_PATTERN = re.compile(r"[A-Za-z0-9_*]+(?:\.[A-Za-z0-9_*]+)*")
+
+
+def _module_patterns(value: dict[str, str]) -> dict[str, str]:
+    bad = [name for name in value if not _MODULE_PATTERN.fullmatch(name)]
+    if bad:
+        raise rule_error(
+            [
+                SpecIssue(
+                    path=f"tensor_plan.{name}",
+                    value=name,
+                    allowed="a module name, its parts joined by dots, * for any one part",
+                    hint='e.g. "layers.*.mlp.up_proj"',
+                )
+                for name in bad
+            ]
+        )
+    return value
+
+
+TensorPlan = Annotated[
+    dict[str, Literal["colwise", "rowwise"]],
+    AfterValidator(_module_patterns),
+    Field(json_schema_extra={"propertyNames": {"pattern": f"^{_MODULE_PATTERN.pattern}$"}}),
+]
+"""Module-name patterns -> how tensor parallelism splits that module's weights."""
+
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 

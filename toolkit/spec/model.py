@@ -41,6 +41,7 @@ from toolkit.spec.sections import (
     LaunchSpec,
     LossScalingSpec,
     OptimizerSpec,
+    ParallelSpec,
     PipelineSpec,
     TfSpec,
     ZeroSpec,
@@ -103,6 +104,12 @@ class TrainSpec(Section):
         default_factory=PipelineSpec,
         validate_default=True,
         description="Pipeline parallelism settings.",
+    )
+    parallel: ParallelSpec = Field(
+        default_factory=ParallelSpec,
+        validate_default=True,
+        description="Model parallelism beside data parallelism: the tensor-parallel degree and "
+        "plan.",
     )
     tf: TfSpec = Field(default_factory=TfSpec, description="tf.distribute settings.")
     ddp: DdpSpec = Field(
@@ -209,6 +216,14 @@ class TrainSpec(Section):
             _raise(rules.pipeline_issues(pipeline, info.data["backend"], info.data["zero"]))
         return pipeline
 
+    @field_validator("parallel")
+    @classmethod
+    def _parallel_rules(cls, parallel: ParallelSpec, info: ValidationInfo) -> ParallelSpec:
+        if _have(info, "backend", "pipeline"):
+            data = info.data
+            _raise(rules.tensor_issues(parallel, data["backend"], data["pipeline"]))
+        return parallel
+
     @field_validator("tf")
     @classmethod
     def _tf_communication_fits_device(cls, tf: TfSpec, info: ValidationInfo) -> TfSpec:
@@ -231,10 +246,16 @@ class TrainSpec(Section):
         issues += rules.port_issues(launch, backend, framework, info.data)
         if _have(info, "device"):
             issues += rules.gpu_issues(launch, info.data["device"])
-        if _have(info, "batch", "pipeline", "tf"):
+        if _have(info, "batch", "pipeline", "parallel", "tf"):
             data = info.data
             issues += rules.world_issues(
-                launch, backend, framework, data["batch"], data["pipeline"], data["tf"]
+                launch,
+                backend,
+                framework,
+                data["batch"],
+                data["pipeline"],
+                data["parallel"],
+                data["tf"],
             )
         _raise(issues)
         return launch
@@ -253,9 +274,13 @@ class TrainSpec(Section):
     @field_validator("fsdp")
     @classmethod
     def _fsdp_layout(cls, fsdp: FsdpSpec, info: ValidationInfo) -> FsdpSpec:
-        if _have(info, "backend", "precision", "launch"):
+        if _have(info, "backend", "precision", "launch", "parallel"):
             data = info.data
-            _raise(rules.fsdp_issues(fsdp, data["backend"], data["precision"], data["launch"]))
+            _raise(
+                rules.fsdp_issues(
+                    fsdp, data["backend"], data["precision"], data["launch"], data["parallel"]
+                )
+            )
         return fsdp
 
     # -- building and writing -----------------------------------------------------------------
@@ -329,7 +354,7 @@ class TrainSpec(Section):
         impossible. MirroredStrategy's replicas in one process count as data-parallel ranks."""
         world = self.world_size if world_size is None else world_size
         replicas = world * self.replicas_per_process(world)
-        return resolve_batch(self.batch, replicas, self.pipeline.stages)
+        return resolve_batch(self.batch, replicas, self.pipeline.stages, self.parallel.tensor)
 
     def effective_lr(self, world_size: int | None = None) -> float:
         """The learning rate every engine must use, after `lr_scaling`."""

@@ -25,6 +25,7 @@ from toolkit.spec.sections import (
     HorovodSpec,
     LaunchSpec,
     OptimizerSpec,
+    ParallelSpec,
     PipelineSpec,
     TfSpec,
     ZeroSpec,
@@ -256,8 +257,31 @@ def gpu_issues(launch: LaunchSpec, device: str) -> Iterator[SpecIssue]:
         )
 
 
+def tensor_issues(
+    parallel: ParallelSpec, backend: str, pipeline: PipelineSpec
+) -> Iterator[SpecIssue]:
+    """Tensor parallelism needs an engine that runs it, and not beside a pipeline."""
+    if parallel.tensor == 1:
+        return
+    if not engine_of(backend, None).tensor_parallel:
+        able = ", ".join(engines.backends_with("tensor_parallel"))
+        yield _issue(
+            "parallel.tensor",
+            parallel.tensor,
+            f"1 with backend {backend}; tensor parallelism runs with backend {able}",
+            f"set backend: {able}, or parallel.tensor: 1",
+        )
+    elif pipeline.stages > 1:
+        yield _issue(
+            "parallel.tensor",
+            parallel.tensor,
+            "1 beside pipeline.stages > 1: no engine here runs both",
+            "use one of the two",
+        )
+
+
 def fsdp_issues(
-    fsdp: FsdpSpec, backend: str, precision: str, launch: LaunchSpec
+    fsdp: FsdpSpec, backend: str, precision: str, launch: LaunchSpec, parallel: ParallelSpec
 ) -> Iterator[SpecIssue]:
     """An engine's precisions (FSDP: fp32 or bf16, its fp16 would need a sharded loss scaler
     the toolkit does not run), and a hybrid layout that splits the ranks evenly."""
@@ -268,6 +292,13 @@ def fsdp_issues(
             precision,
             f"{' or '.join(entry.precisions)} with backend {backend}",
             "use bf16 (no loss scaling needed), or an engine that runs fp16 (ddp, deepspeed)",
+        )
+    if entry.hybrid_shards and fsdp.replicate > 1 and parallel.tensor > 1:
+        yield _issue(
+            "fsdp.replicate",
+            fsdp.replicate,
+            "1 with parallel.tensor > 1: HSDP beside tensor parallelism is not run here",
+            "use fsdp.replicate: 1 (FSDP over the data-parallel ranks) or parallel.tensor: 1",
         )
     world = fixed_world_size(launch)
     if entry.hybrid_shards and world is not None and world % fsdp.replicate:
@@ -324,14 +355,16 @@ def world_issues(
     framework: str | None,
     batch: BatchSpec,
     pipeline: PipelineSpec,
+    parallel: ParallelSpec,
     tf: TfSpec,
 ) -> list[SpecIssue]:
-    """The batch triple and the pipeline stages against the world size, when the spec fixes it."""
+    """The batch triple, the pipeline stages and the tensor-parallel degree against the world
+    size, when the spec fixes it."""
     world = fixed_world_size(launch)
     if world is None:
         return []
     replicas = world * replicas_per_process(backend, framework, tf, world)
-    return batch_issues(batch, replicas, pipeline.stages)
+    return batch_issues(batch, replicas, pipeline.stages, parallel.tensor)
 
 
 def horovod_issues(

@@ -28,6 +28,7 @@ from toolkit.spec.fields import (
     Hosts,
     Section,
     StrictStage,
+    TensorPlan,
     Text,
     ThreadsSetting,
     field_error,
@@ -328,6 +329,28 @@ class PipelineSpec(Section):
             "allowed parameters, uniform, type:REGEX",
             "type:REGEX balances the layers whose class name matches REGEX",
         )
+
+
+class ParallelSpec(Section):
+    """How the ranks split the model beside data parallelism: the tensor-parallel degree and
+    plan (pipeline parallelism is `pipeline.stages`). Data-parallel ranks = world size /
+    (pipeline stages x tensor); the batch contract is over those."""
+
+    tensor: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_RANKS,
+        description="Tensor-parallel degree: consecutive ranks that split each planned "
+        "module's weights between them (DTensor's parallelize_module) and read the same "
+        "samples; 1 = none.",
+    )
+    tensor_plan: TensorPlan = Field(
+        default_factory=dict,
+        description="Module-name patterns (dots between parts, * for any one part, e.g. "
+        '"layers.*.mlp.up_proj") -> colwise (output features split) or rowwise (input '
+        "features split, the outputs summed); {} = the model's own plan (Hugging Face models' "
+        "base_model_tp_plan).",
+    )
 
 
 class DdpSpec(Section):

@@ -23,7 +23,8 @@ reduce-scatters its gradients; the optimizer steps on this rank's fp32 shards (D
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import fnmatch
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from typing import Any
 
@@ -43,6 +44,13 @@ from torch.distributed.fsdp import (
     MixedPrecisionPolicy,
     OffloadPolicy,
     fully_shard,
+)
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    RowwiseParallel,
+    parallelize_module,
 )
 
 from toolkit.backends import torch_batches as batches
@@ -80,9 +88,14 @@ class FSDPBackend(common.TorchCollectives, TorchData, Backend):
         self.mesh = self._mesh()
 
     def _mesh(self) -> DeviceMesh:
-        """Every rank in one shard group, or replicate x shard for HSDP."""
-        replicate = self.spec.fsdp.replicate
+        """Every rank in one shard group, replicate x shard for HSDP, or shard x tensor with
+        tensor parallelism (each tensor-parallel group consecutive ranks)."""
+        replicate, tensor = self.spec.fsdp.replicate, self.spec.parallel.tensor
         world = self.env.world_size
+        if tensor > 1:
+            return init_device_mesh(
+                self.device.type, (world // tensor, tensor), mesh_dim_names=("shard", "tensor")
+            )
         if world % replicate:
             raise ToolkitError(
                 f"fsdp.replicate={replicate} does not divide the {world} ranks of this job",
@@ -105,8 +118,11 @@ class FSDPBackend(common.TorchCollectives, TorchData, Backend):
                 "optimizer section",
             )
         module = module.to(self.device)
+        if self.spec.parallel.tensor > 1:
+            plan = tensor_plan(module, self.spec.parallel.tensor_plan)
+            parallelize_module(module, self.mesh["tensor"], plan)
         settings: dict[str, Any] = {
-            "mesh": self.mesh,
+            "mesh": self.mesh["shard"] if self.spec.parallel.tensor > 1 else self.mesh,
             "reshard_after_forward": self.spec.fsdp.reshard_after_forward,
             "mp_policy": self._precision_policy(),
             "offload_policy": CPUOffloadPolicy()
@@ -140,7 +156,7 @@ class FSDPBackend(common.TorchCollectives, TorchData, Backend):
             batches.share_of_step(loss, count).backward()
             losses.append(loss.detach())
         if self.spec.clip_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.clip_grad_norm)
+            clip_sharded(list(self.model.parameters()), self.spec.clip_grad_norm)
         self.optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()
@@ -227,6 +243,64 @@ def units_of(module: torch.nn.Module, names: Sequence[str]) -> list[torch.nn.Mod
     if isinstance(module, torch.nn.Sequential):
         return [child for child in module.children() if any(True for _ in child.parameters())]
     return []
+
+
+STYLES: dict[str, Callable[[], ParallelStyle]] = {
+    "colwise": ColwiseParallel,
+    "rowwise": RowwiseParallel,
+}
+
+
+def tensor_plan(module: torch.nn.Module, written: Mapping[str, str]) -> dict[str, ParallelStyle]:
+    """parallelize_module's plan: the spec's `parallel.tensor_plan`, else the model's own (a
+    Hugging Face model's `_tp_plan`); every pattern must name a module, and every style be one
+    the toolkit maps."""
+    plan = dict(written) or dict(getattr(module, "_tp_plan", None) or {})
+    if not plan:
+        raise ToolkitError(
+            "parallel.tensor > 1, but parallel.tensor_plan is empty and the model has no "
+            "tensor-parallel plan of its own (a Hugging Face model's _tp_plan)",
+            'give parallel.tensor_plan, e.g. {"layers.*.mlp.up_proj": colwise, '
+            '"layers.*.mlp.down_proj": rowwise}',
+        )
+    names = [name for name, _ in module.named_modules() if name]
+    for pattern, style in plan.items():
+        if style not in STYLES:
+            raise ToolkitError(
+                f"the tensor-parallel plan's {pattern!r}: {style!r} is not a style the toolkit "
+                f"runs ({', '.join(STYLES)})",
+                "write parallel.tensor_plan with colwise and rowwise modules only",
+            )
+        if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
+            raise ToolkitError(
+                f"the tensor-parallel plan's {pattern!r} names no module of the model",
+                f"name modules it has: {', '.join(names[:8])}",
+            )
+    return {pattern: STYLES[style]() for pattern, style in plan.items()}
+
+
+def clip_sharded(parameters: Sequence[torch.nn.Parameter], max_norm: float) -> None:
+    """torch's clip_grad_norm_ over gradients that are DTensors on different meshes (sharded
+    only, or sharded and tensor-parallel): each mesh's norm is reduced over its ranks, the
+    total is the norm of those norms, and every gradient is scaled by max_norm / (total + 1e-6)
+    when that is below 1, torch's formula."""
+    groups: dict[Any, list[torch.Tensor]] = {}
+    for parameter in parameters:
+        if parameter.grad is not None:
+            mesh = getattr(parameter.grad, "device_mesh", None)
+            groups.setdefault(mesh, []).append(parameter.grad)
+    norms = []
+    for grads in groups.values():
+        norm = torch.nn.utils.get_total_norm(grads, foreach=False)
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    if not norms:
+        return
+    total = float(torch.linalg.vector_norm(torch.stack(norms)))
+    scale = max_norm / (total + 1e-6)
+    if scale < 1.0:
+        for grads in groups.values():
+            for grad in grads:
+                grad.mul_(scale)
 
 
 def _require_fp32(module: torch.nn.Module) -> None:
