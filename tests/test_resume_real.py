@@ -9,7 +9,7 @@ engine and world size; FSDP on 2 -> ZeRO-3 on 2), three launches each, for `make
 time; TOOLKIT_RESUME=full adds the exact same-engine cases (DDP, FSDP, Horovod, ZeRO-2, ZeRO-3
 and the pipeline engine, each with SGD-momentum and Adam) and more engine and world-size
 changes (DDP -> ZeRO-2, DDP -> the pipeline engine, ZeRO-3 -> FSDP, FSDP -> DDP on 1 rank,
-the pipeline engine -> Horovod on 1 rank, ...).
+tensor parallel 2 -> DDP on 1 rank and back, the pipeline engine -> Horovod on 1 rank, ...).
 """
 
 from __future__ import annotations
@@ -50,6 +50,12 @@ SETUPS = {
     "ddp2": Setup("ddp", "backend: ddp", torchrun(2), 2),
     "ddp1": Setup("ddp", "backend: ddp", torchrun(1), 1),
     "fsdp2": Setup("fsdp", "backend: fsdp", torchrun(2), 2),
+    "fsdp_tp2": Setup(
+        "fsdp",
+        'backend: fsdp\nparallel: {tensor: 2, tensor_plan: {"0": colwise, "2": rowwise}}',
+        torchrun(2),
+        2,
+    ),
     "horovod2": Setup("horovod", "backend: horovod", (*horovodrun(2), PYTHON), 2),
     "horovod1": Setup("horovod", "backend: horovod", (*horovodrun(1), PYTHON), 1),
     "zero2": Setup("deepspeed", "backend: deepspeed\nzero: {stage: 2}", deepspeed(2), 2),
@@ -91,6 +97,8 @@ ACROSS = (
         ("zero3", "fsdp2", "adam"),
         ("ddp1", "fsdp2", "sgd"),
         ("fsdp2", "ddp1", "adam"),
+        ("fsdp_tp2", "ddp1", "sgd"),
+        ("ddp1", "fsdp_tp2", "adam"),
     ]
     if FULL_RESUME
     else [("zero3", "ddp1", "adam"), ("fsdp2", "zero3", "sgd")]
