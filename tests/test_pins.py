@@ -186,8 +186,26 @@ def first_setup_index(instructions: list[tuple[str, str]]) -> int:
     )
 
 
-def test_default_build_is_the_cuda_image() -> None:
-    assert re.fullmatch(r"nvidia/cuda:\S+devel\S*", base_image({}))
+def test_default_build_is_the_cuda_image_on_plain_debian() -> None:
+    """CUDA comes from the registry's NVIDIA packages (setup.sh), not from a CUDA base image: the
+    default base is the Debian release that scripts/build_image.sh makes locally, and the default
+    device is cuda (test_device_argument_reaches_the_setup_script_and_defaults_to_cuda)."""
+    assert base_image({}) == "debian:bookworm"
+    build_script = (ROOT / "scripts" / "build_image.sh").read_text()
+    assert "localhost/debian-base:bookworm" in build_script
+    assert "mmdebstrap" in build_script and " bookworm - " in build_script
+
+
+def test_the_build_reads_no_pip_configuration_but_the_one_it_is_given() -> None:
+    """pip reads no configuration file when PIP_CONFIG_FILE is os.devnull: a build machine's pip
+    configuration (which may name files the build does not see) never reaches the RUN steps
+    unless it is passed in. The ARG comes after FROM, or RUN steps would not see it."""
+    instructions = dockerfile_instructions()
+    after_from = instructions[first_from_index(instructions) + 1 : first_setup_index(instructions)]
+    assert ("ARG", "PIP_CONFIG_FILE=/dev/null") in after_from
+    build_script = (ROOT / "scripts" / "build_image.sh").read_text()
+    assert "PIP_CONFIG_FILE=" in build_script
+    assert "/etc/xdg/pip" not in build_script and "/etc/pip.conf" not in build_script
 
 
 def test_base_image_argument_selects_the_base() -> None:
@@ -202,6 +220,22 @@ def test_device_argument_reaches_the_setup_script_and_defaults_to_cuda() -> None
     assert ("ARG", "TOOLKIT_DEVICE=cuda") in after_from
     envs = " ".join(arguments for name, arguments in after_from if name == "ENV")
     assert "TOOLKIT_DEVICE=${TOOLKIT_DEVICE}" in envs.split()
+
+
+def test_no_env_step_expands_an_argument_before_the_first_run_step() -> None:
+    """podman 4.3's layer cache keys an ENV step by its text, not by the build arguments it
+    expands: before any RUN step (whose key includes them) both variants share one ENV layer,
+    and the second build takes the first one's TOOLKIT_DEVICE."""
+    instructions = dockerfile_instructions()
+    start = first_from_index(instructions) + 1
+    first_run = next(i for i, (name, _) in enumerate(instructions) if name == "RUN")
+    arguments = {
+        arguments.partition("=")[0] for name, arguments in instructions[start:] if name == "ARG"
+    }
+    for name, text in instructions[start:first_run]:
+        if name == "ENV":
+            expanded = set(re.findall(r"\$\{?(\w+)\}?", text)) & arguments
+            assert not expanded, f"ENV {text} expands {expanded} before the first RUN step"
 
 
 def test_dockerfile_installs_through_the_setup_script() -> None:
