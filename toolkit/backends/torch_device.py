@@ -11,7 +11,9 @@ schedule then live on that device; weights, metrics and checkpoints come back as
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
+from toolkit.backends import torch_common as common
 from toolkit.device import (
     announce,
     check_gpus_for_ranks,
@@ -49,3 +51,22 @@ def bind_device(
 def group_backend(device: torch.device) -> str:
     """torch.distributed's backend for the bound device: NCCL for a GPU, Gloo for the CPU."""
     return process_group_backend("cuda" if device.type == "cuda" else "cpu")
+
+
+def start_process_group(spec: TrainSpec, env: LaunchEnvironment) -> torch.device:
+    """What DDP and FSDP start with: the rank's threads, the rendezvous variables, the spec's
+    collective timeout, its device bound, then torch's default group on that device's backend
+    (unless the script started one); returns the device."""
+    common.configure_threads(spec, env)
+    common.export_torch_env(env, common.rendezvous(spec, env))
+    common.apply_collective_timeout(common.collective_timeout(spec))
+    device = bind_device(spec, env)
+    if not dist.is_initialized():
+        dist.init_process_group(
+            group_backend(device),
+            init_method="env://",
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=common.collective_timeout(spec),
+        )
+    return device

@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from toolkit.backends import torch_batches as batches
@@ -36,18 +35,7 @@ class DDPBackend(common.TorchCollectives, TorchData, Backend):
     optimizer: torch.optim.Optimizer
 
     def setup(self) -> None:
-        common.configure_threads(self.spec, self.env)
-        common.export_torch_env(self.env, common.rendezvous(self.spec, self.env))
-        common.apply_collective_timeout(common.collective_timeout(self.spec))
-        self.device = torch_device.bind_device(self.spec, self.env)
-        if not dist.is_initialized():
-            dist.init_process_group(
-                torch_device.group_backend(self.device),
-                init_method="env://",
-                rank=self.env.rank,
-                world_size=self.env.world_size,
-                timeout=common.collective_timeout(self.spec),
-            )
+        self.device = torch_device.start_process_group(self.spec, self.env)
         self.scaler = common.grad_scaler(self.spec, self.device)
 
     def prepare(self, model: Any, optimizer: Any | None = None) -> DistributedDataParallel:

@@ -30,7 +30,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -73,18 +72,7 @@ class FSDPBackend(common.TorchCollectives, TorchData, Backend):
     optimizer: torch.optim.Optimizer
 
     def setup(self) -> None:
-        common.configure_threads(self.spec, self.env)
-        common.export_torch_env(self.env, common.rendezvous(self.spec, self.env))
-        common.apply_collective_timeout(common.collective_timeout(self.spec))
-        self.device = torch_device.bind_device(self.spec, self.env)
-        if not dist.is_initialized():
-            dist.init_process_group(
-                torch_device.group_backend(self.device),
-                init_method="env://",
-                rank=self.env.rank,
-                world_size=self.env.world_size,
-                timeout=common.collective_timeout(self.spec),
-            )
+        self.device = torch_device.start_process_group(self.spec, self.env)
         self.mesh = self._mesh()
 
     def _mesh(self) -> DeviceMesh:
