@@ -144,3 +144,11 @@ def test_tensor_parallelism_needs_an_engine_that_runs_it_and_divides_the_data_ra
     assert list(_issues({**hybrid, "launch": {"np": 4}})) == ["fsdp.replicate"]
     bad_pattern = {"backend": "fsdp", "parallel": {"tensor_plan": {"a b": "colwise"}}}
     assert list(_issues(bad_pattern)) == ["parallel.tensor_plan.a b"]
+
+
+def test_offload_to_the_host_is_refused_for_a_cpu_job() -> None:
+    assert list(_issues({"backend": "fsdp", "device": "cpu", "fsdp": {"offload": "cpu"}})) == [
+        "fsdp.offload"
+    ]
+    gpu_job = {"backend": "fsdp", "device": "cuda", "fsdp": {"offload": "cpu"}}
+    assert TrainSpec.from_dict(gpu_job).fsdp.offload == "cpu"

@@ -274,11 +274,16 @@ class TrainSpec(Section):
     @field_validator("fsdp")
     @classmethod
     def _fsdp_layout(cls, fsdp: FsdpSpec, info: ValidationInfo) -> FsdpSpec:
-        if _have(info, "backend", "precision", "launch", "parallel"):
+        if _have(info, "backend", "precision", "launch", "parallel", "device"):
             data = info.data
             _raise(
                 rules.fsdp_issues(
-                    fsdp, data["backend"], data["precision"], data["launch"], data["parallel"]
+                    fsdp,
+                    data["backend"],
+                    data["precision"],
+                    data["launch"],
+                    data["parallel"],
+                    data["device"],
                 )
             )
         return fsdp

@@ -281,7 +281,12 @@ def tensor_issues(
 
 
 def fsdp_issues(
-    fsdp: FsdpSpec, backend: str, precision: str, launch: LaunchSpec, parallel: ParallelSpec
+    fsdp: FsdpSpec,
+    backend: str,
+    precision: str,
+    launch: LaunchSpec,
+    parallel: ParallelSpec,
+    device: str,
 ) -> Iterator[SpecIssue]:
     """An engine's precisions (FSDP: fp32 or bf16, its fp16 would need a sharded loss scaler
     the toolkit does not run), and a hybrid layout that splits the ranks evenly."""
@@ -292,6 +297,13 @@ def fsdp_issues(
             precision,
             f"{' or '.join(entry.precisions)} with backend {backend}",
             "use bf16 (no loss scaling needed), or an engine that runs fp16 (ddp, deepspeed)",
+        )
+    if entry.hybrid_shards and fsdp.offload == "cpu" and device == "cpu":
+        yield _issue(
+            "fsdp.offload",
+            fsdp.offload,
+            "none with device cpu: FSDP2 offloads from a GPU to the host",
+            "set fsdp.offload: none, or device: cuda",
         )
     if entry.hybrid_shards and fsdp.replicate > 1 and parallel.tensor > 1:
         yield _issue(

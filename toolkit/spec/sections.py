@@ -396,7 +396,8 @@ class FsdpSpec(Section):
     offload: OffloadDevice = Field(
         default="none",
         description="cpu: the sharded parameters, gradients and optimizer step live on the "
-        "host (CPUOffloadPolicy); nvme is refused (FSDP has none).",
+        "host (CPUOffloadPolicy), for GPU jobs only (FSDP2 needs an accelerator to offload "
+        "from); nvme is refused (FSDP has none).",
     )
     replicate: int = Field(
         default=1,

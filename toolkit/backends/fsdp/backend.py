@@ -73,6 +73,12 @@ class FSDPBackend(common.TorchCollectives, TorchData, Backend):
 
     def setup(self) -> None:
         self.device = torch_device.start_process_group(self.spec, self.env)
+        if self.spec.fsdp.offload == "cpu" and self.device.type == "cpu":
+            raise ToolkitError(
+                "fsdp.offload: cpu moves shards from a GPU to the host, and this rank trains on "
+                "the CPU (FSDP2's CPUOffloadPolicy needs an accelerator)",
+                "set fsdp.offload: none on CPU machines",
+            )
         self.mesh = self._mesh()
 
     def _mesh(self) -> DeviceMesh:
