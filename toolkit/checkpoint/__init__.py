@@ -33,6 +33,7 @@ writes are each one ToolkitError naming the file):
                                             data.size) of the flattened tensor of `shape`
 
     latest(DIR) -> Path | None                                         newest complete step
+    refuse_used_target(DIR)                 an import's target must hold no checkpoint yet
     open_checkpoint(DIR or DIR/step-N) -> Checkpoint                   manifest verified;
         .manifest, .step, .names(section), .tensors(section, names=None), .state()
     read_checkpoint(DIR or DIR/step-N) -> CheckpointState              all of it
@@ -45,7 +46,13 @@ weights-only .npz, are kept for files written before.
 from toolkit.checkpoint.fragments import Fragment
 from toolkit.checkpoint.legacy import load_weights, save_weights
 from toolkit.checkpoint.manifest import FORMAT_VERSION, SECTIONS, Manifest, Origin
-from toolkit.checkpoint.read import Checkpoint, latest, open_checkpoint, read_checkpoint
+from toolkit.checkpoint.read import (
+    Checkpoint,
+    latest,
+    open_checkpoint,
+    read_checkpoint,
+    refuse_used_target,
+)
 from toolkit.checkpoint.state import CheckpointState, optimizer_key, split_optimizer_key
 from toolkit.checkpoint.write import PendingSave, begin_save, commit_save, write_checkpoint
 
@@ -65,6 +72,7 @@ __all__ = [
     "open_checkpoint",
     "optimizer_key",
     "read_checkpoint",
+    "refuse_used_target",
     "save_weights",
     "split_optimizer_key",
     "write_checkpoint",

@@ -113,6 +113,18 @@ class Checkpoint:
         )
 
 
+def refuse_used_target(target: str | os.PathLike[str]) -> None:
+    """An import writes into a new or empty checkpoint directory: one that already holds
+    checkpoints would mix them with another run's."""
+    existing = latest(target)
+    if existing is not None:
+        raise ToolkitError(
+            f"--to {target}: already holds checkpoints (latest {existing.name}); an import "
+            "would mix them with another run's",
+            "import into a new or empty directory",
+        )
+
+
 def open_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     """`path` is a step directory, or a directory of them (then `latest` is opened)."""
     directory = _resolve(Path(path))

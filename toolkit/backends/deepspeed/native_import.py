@@ -56,7 +56,13 @@ import torch
 
 from toolkit.backends.deepspeed.native_files import NativeCheckpoint, load_trusted_classes, locate
 from toolkit.backends.torch_common import portable
-from toolkit.checkpoint import CheckpointState, Origin, latest, optimizer_key, write_checkpoint
+from toolkit.checkpoint import (
+    CheckpointState,
+    Origin,
+    optimizer_key,
+    refuse_used_target,
+    write_checkpoint,
+)
 from toolkit.errors import ToolkitError
 
 BACKEND, FRAMEWORK = "deepspeed", "torch"
@@ -79,13 +85,7 @@ def import_checkpoint(
 ) -> Imported:
     """Convert the DeepSpeed checkpoint `source` (its `latest` tag, or `tag`) into `target`."""
     native = locate(source, tag)
-    existing = latest(target)
-    if existing is not None:
-        raise ToolkitError(
-            f"--to {target}: already holds checkpoints (latest {existing.name}); an import "
-            "would mix them with another run's",
-            "import into a new or empty directory",
-        )
+    refuse_used_target(target)
     meta = load_trusted_classes(native.model_files[0])
     for path in (*native.model_files[1:], *native.optim_files):
         load_trusted_classes(path)  # every file passes the check before DeepSpeed reads any

@@ -29,8 +29,8 @@ from toolkit.checkpoint import (
     Checkpoint,
     CheckpointState,
     Origin,
-    latest,
     optimizer_key,
+    refuse_used_target,
     write_checkpoint,
 )
 from toolkit.checkpoint.state import split_optimizer_key
@@ -79,13 +79,7 @@ def import_dcp(source: str | Path, target: str | Path) -> Imported:
             f"{source}: no {METADATA} file, so it is not a PyTorch distributed checkpoint",
             "name the directory torch.distributed.checkpoint.save wrote",
         )
-    existing = latest(target)
-    if existing is not None:
-        raise ToolkitError(
-            f"--to {target}: already holds checkpoints (latest {existing.name}); an import "
-            "would mix them with another run's",
-            "import into a new or empty directory",
-        )
+    refuse_used_target(target)
     with tempfile.TemporaryDirectory() as scratch:
         whole = Path(scratch) / "whole.pt"
         with _one_process():
