@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from toolkit.backends.base import StateShare
-from toolkit.backends.torch_common import numpy_state, to_numpy
+from toolkit.backends.torch_common import numpy_state, portable, to_numpy
 from toolkit.checkpoint import CheckpointState, optimizer_key, split_optimizer_key
 from toolkit.errors import ToolkitError
 
@@ -81,6 +81,23 @@ def optimizer_tensors(
                 elif isinstance(value, torch.Tensor) and value.shape == parameter.shape:
                     tensors[optimizer_key(slot, name)] = to_numpy(value)
     return tensors, step_scalars(steps, tensors)
+
+
+def slot_arrays(
+    slots_by_name: dict[str, dict[str, Any]],
+) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    """A full optimizer state by parameter name ({name: {slot: tensor, "step": count}}, what
+    torch's distributed checkpoint API gives) as the portable tensors and each parameter's
+    step count."""
+    tensors: dict[str, np.ndarray] = {}
+    steps: dict[str, float] = {}
+    for name, slots in slots_by_name.items():
+        for slot, value in slots.items():
+            if slot == STEP:
+                steps[name] = float(value)
+            elif isinstance(value, torch.Tensor):
+                tensors[optimizer_key(slot, name)] = portable(value)
+    return tensors, steps
 
 
 def step_scalars(steps: dict[str, float], tensors: dict[str, np.ndarray]) -> dict[str, Any]:

@@ -57,7 +57,7 @@ from toolkit.backends import torch_common as common
 from toolkit.backends import torch_device, torch_state
 from toolkit.backends.base import Backend, LossFn, MetricFn, MicroBatch, StateShare
 from toolkit.backends.torch_data import TorchData
-from toolkit.checkpoint import CheckpointState, optimizer_key
+from toolkit.checkpoint import CheckpointState
 from toolkit.errors import ToolkitError
 
 REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -313,14 +313,7 @@ def _portable_optimizer(
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """FSDP's full optimizer state (by parameter name) in the portable layout: torch's own
     slot names, one step count (torch_state.step_scalars)."""
-    tensors: dict[str, np.ndarray] = {}
-    steps: dict[str, float] = {}
-    for name, slots in slots_by_name.items():
-        for slot, value in slots.items():
-            if slot == torch_state.STEP:
-                steps[name] = float(value)
-            elif isinstance(value, torch.Tensor):
-                tensors[optimizer_key(slot, name)] = common.to_numpy(value)
+    tensors, steps = torch_state.slot_arrays(slots_by_name)
     return tensors, torch_state.step_scalars(steps, tensors)
 
 

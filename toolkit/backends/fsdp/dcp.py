@@ -25,11 +25,11 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from toolkit.backends.torch_common import portable
+from toolkit.backends.torch_state import slot_arrays
 from toolkit.checkpoint import (
     Checkpoint,
     CheckpointState,
     Origin,
-    optimizer_key,
     refuse_used_target,
     write_checkpoint,
 )
@@ -114,15 +114,8 @@ def _optimizer(section: Any) -> tuple[dict[str, np.ndarray], list[float]]:
     "state" (by parameter name); nothing when the checkpoint has none."""
     if not isinstance(section, dict) or not isinstance(section.get("state"), dict):
         return {}, []
-    tensors: dict[str, np.ndarray] = {}
-    steps: list[float] = []
-    for name, slots in section["state"].items():
-        for slot, value in slots.items():
-            if slot == STEP:
-                steps.append(float(value))
-            elif torch.is_tensor(value):
-                tensors[optimizer_key(slot, name)] = portable(value)
-    return tensors, steps
+    tensors, steps = slot_arrays(section["state"])
+    return tensors, list(steps.values())
 
 
 @contextmanager
