@@ -150,7 +150,7 @@ def test_pipeline_trains_pairs_evaluates_through_eval_batch_and_refuses_a_dict(
     result = launch(spec, [*args, "--workers", "2"])
     report = assert_matches(result, out, torch_references["pairs"])
     refusal = report["refusal"]
-    assert refusal.startswith("the pipeline engine (pipeline.stages=2) takes (inputs, labels)")
+    assert refusal.startswith("the pipeline engine (parallel.pipeline=2) takes (inputs, labels)")
     assert "got a mapping with keys ['features', 'labels', 'tokens']" in refusal
     assert "HINT:" in refusal
 

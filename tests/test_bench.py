@@ -62,7 +62,7 @@ def test_a_users_pipeline_spec_runs_the_native_scripts_batch() -> None:
     """The batch both sides run is over the data-parallel ranks of the spec as launched: a
     pipeline spec of the user's own (no case fields) has 1 of its 2 ranks."""
     user = TrainSpec.from_dict(
-        {"backend": "deepspeed", "pipeline": {"stages": 2}, "batch": {"global": 64, "micro": 16}}
+        {"backend": "deepspeed", "parallel": {"pipeline": 2}, "batch": {"global": 64, "micro": 16}}
     )
     case = case_for(user)
     spec = case_spec(user, case)

@@ -115,7 +115,7 @@ def same(a: Any, b: Any) -> bool:
 
 def oracle(config: dict[str, Any], spec: TrainSpec, world: int) -> Any:
     """DeepSpeed's own parser on the rendered config (raises on anything it refuses)."""
-    dp = world // spec.pipeline.stages
+    dp = world // spec.parallel.pipeline
     return deepspeed_parse(config, dp)
 
 

@@ -83,10 +83,12 @@ def test_fsdp_trains_in_fp32_and_bf16_only() -> None:
 
 
 def test_replicate_must_divide_the_ranks() -> None:
-    hybrid = TrainSpec.from_dict({"backend": "fsdp", "fsdp": {"replicate": 2}, "launch": {"np": 4}})
-    assert hybrid.fsdp.replicate == 2
-    issues = _issues({"backend": "fsdp", "fsdp": {"replicate": 3}, "launch": {"np": 4}})
-    assert list(issues) == ["fsdp.replicate"]
+    hybrid = TrainSpec.from_dict(
+        {"backend": "fsdp", "parallel": {"replicate": 2}, "launch": {"np": 4}}
+    )
+    assert hybrid.parallel.replicate == 2
+    issues = _issues({"backend": "fsdp", "parallel": {"replicate": 3}, "launch": {"np": 4}})
+    assert list(issues) == ["parallel.replicate"]
 
 
 def test_fsdp_offloads_to_the_host_only() -> None:
@@ -140,8 +142,8 @@ def test_tensor_parallelism_needs_an_engine_that_runs_it_and_divides_the_data_ra
     assert list(_issues({"backend": "fsdp", "parallel": {"tensor": 3}, "launch": {"np": 4}})) == [
         "parallel.tensor"
     ]
-    hybrid = {"backend": "fsdp", "fsdp": {"replicate": 2}, "parallel": {"tensor": 2}}
-    assert list(_issues({**hybrid, "launch": {"np": 4}})) == ["fsdp.replicate"]
+    hybrid = {"backend": "fsdp", "parallel": {"replicate": 2, "tensor": 2}}
+    assert list(_issues({**hybrid, "launch": {"np": 4}})) == ["parallel.replicate"]
     bad_pattern = {"backend": "fsdp", "parallel": {"tensor_plan": {"a b": "colwise"}}}
     assert list(_issues(bad_pattern)) == ["parallel.tensor_plan.a b"]
 

@@ -70,7 +70,8 @@ VALID: list[dict[str, Any]] = [
             "offload_params": "nvme",
             "nvme_path": "/n",
         },
-        "pipeline": {"stages": 1, "partition": "type:Linear"},
+        "parallel": {"pipeline": 1},
+        "pipeline": {"partition": "type:Linear"},
         "launch": {"hosts": ["node1:4", "node2:4"], "partition": "gpu", "time_limit": "1-02:00:00"},
     },
     {"backend": "ddp", "launch": {"launcher": "srun", "np": 3}, "lr_scaling": "linear"},
@@ -352,7 +353,8 @@ DEEPSPEED_CONFIGS.append(
         },
         "fp16": {"enabled": "auto", "loss_scale": 0, "initial_scale_power": 16},
         "gradient_clipping": 1.0,
-        "pipeline": {"stages": 2, "partition": "best"},
+        "parallel": {"pipeline": 2},
+        "pipeline": {"partition": "best"},
     }
 )
 

@@ -185,13 +185,14 @@ def test_dry_run_on_eight_gpus(
     assert code == 0, err
     assert err == "toolkit: device cuda: 8 GPUs on this host, launch.np 8\n"
     lines = out.splitlines()
-    assert lines[:2] == [
+    assert lines[:3] == [
         "launcher: deepspeed (8 ranks)",
         f"device: cuda, 8 GPUs per host, {NCCL_LINE}",
+        "layout: data 8",
     ]
-    command = lines[2].split()
+    command = lines[3].split()
     assert command[command.index("--num_gpus") + 1] == "8"
-    assert "DS_ACCELERATOR=cuda" in lines[3]
+    assert "DS_ACCELERATOR=cuda" in lines[4]
     assert "rank 7 on localhost:" in lines
 
 
@@ -244,7 +245,7 @@ def test_cuda_without_a_gpu_is_refused(
         ),
     ],
 )
-def test_cpu_dry_run_is_the_plan_and_one_device_line(
+def test_cpu_dry_run_is_the_plan_a_device_line_and_the_layout(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], visible: Any, text: str, line: str
 ) -> None:
     visible(0)
@@ -254,6 +255,7 @@ def test_cpu_dry_run_is_the_plan_and_one_device_line(
     printed = out.splitlines()
     assert printed.pop(1) == line
     plan = launch_plan_here(naming_its_file(load_spec(path), path), ["t.py"])
+    assert printed.pop(1) == f"layout: data {len(plan.ranks)}"
     assert printed == format_plan(plan).splitlines()
 
 

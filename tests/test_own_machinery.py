@@ -27,7 +27,7 @@ CASES: dict[str, dict[str, Any]] = {
     "zero2/deepspeed": {"backend": "deepspeed", "zero": {"stage": 2}},
     "pipeline/deepspeed": {
         "backend": "deepspeed",
-        "pipeline": {"stages": 2},
+        "parallel": {"pipeline": 2},
         "batch": {"global": 64, "micro": 16},
     },
     "horovod/horovodrun": {"backend": "horovod", "horovod": {"controller": "gloo"}},

@@ -37,7 +37,7 @@ def test_tensors_and_flat_tuples_pass_with_only_the_inputs_cast() -> None:
     ids=["dict", "triple", "dict-inputs", "nested-inputs", "no-labels"],
 )
 def test_anything_else_is_one_clear_error(batch: object, why: str) -> None:
-    with pytest.raises(ToolkitError, match=r"the pipeline engine \(pipeline.stages=2\) " + why):
+    with pytest.raises(ToolkitError, match=r"the pipeline engine \(parallel.pipeline=2\) " + why):
         pipeline.pipeline_batch(batch, 2, torch.float32)
 
 

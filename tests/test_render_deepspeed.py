@@ -40,7 +40,8 @@ MATRIX: list[dict[str, Any]] = [
     {"zero": {"stage": 1, "offload_optimizer": "cpu", "pin_memory": False}},
     {"zero": {"stage": 2, "overlap_comm": True, "reduce_bucket_size": 1000}},
     {
-        "pipeline": {"stages": 2, "activation_checkpoint_interval": 1},
+        "parallel": {"pipeline": 2},
+        "pipeline": {"activation_checkpoint_interval": 1},
         "zero": {"stage": 1},
         "launch": {"np": 2},
     },
@@ -69,7 +70,7 @@ def spec_of(extra: dict[str, Any]) -> TrainSpec:
 
 def validated(spec: TrainSpec, world: int) -> tuple[dict[str, Any], Any]:
     config = deepspeed_config(spec, world)
-    dp = world // spec.pipeline.stages
+    dp = world // spec.parallel.pipeline
     parsed = deepspeed_parse(config, dp)
     return config, parsed
 
@@ -86,7 +87,7 @@ def valid_pairs() -> list[tuple[str, TrainSpec, int]]:
         (name, spec, world)
         for name, spec in cases()
         for world in WORLD_SIZES
-        if world % spec.pipeline.stages == 0
+        if world % spec.parallel.pipeline == 0
     ]
 
 
@@ -131,7 +132,7 @@ def test_no_auto_and_no_unknown_top_level_keys() -> None:
     for module in (constants, zero, precision):
         known |= {v for k, v in vars(module).items() if k.isupper() and isinstance(v, str)}
     for _, spec in cases():
-        config = deepspeed_config(spec, spec.pipeline.stages * 2)
+        config = deepspeed_config(spec, spec.parallel.pipeline * 2)
         assert set(config) <= known
         assert '"auto"' not in json.dumps(config)  # no value left for DeepSpeed to pick
 

@@ -102,7 +102,7 @@ def test_batch_triple(
         {
             "backend": "deepspeed",
             "batch": batch,
-            "pipeline": {"stages": stages},
+            "parallel": {"pipeline": stages},
             "launch": {"np": world},
         }
     )
@@ -129,9 +129,9 @@ def test_batch_for_other_world_sizes_raises_spec_error() -> None:
     assert spec.batch_for(4).accumulation == 1
     with pytest.raises(SpecError, match=r"batch\.global=16"):
         spec.batch_for(8)
-    with pytest.raises(SpecError, match=r"pipeline\.stages"):
+    with pytest.raises(SpecError, match=r"parallel\.pipeline=3"):
         TrainSpec.from_dict(
-            {"backend": "deepspeed", "pipeline": {"stages": 3}, "launch": {"np": 4}}
+            {"backend": "deepspeed", "parallel": {"pipeline": 3}, "launch": {"np": 4}}
         )
 
 
@@ -217,7 +217,7 @@ def test_unknown_keys_get_a_did_you_mean() -> None:
             {
                 "backend": "deepspeed",
                 "zero": {"stage": 2},
-                "pipeline": {"stages": 2},
+                "parallel": {"pipeline": 2},
                 "launch": {"np": 2},
             },
             "zero.stage",
@@ -323,7 +323,7 @@ def test_horovod_controller_follows_the_launcher_unless_written() -> None:
 
 
 def test_world_size_checks_wait_for_the_launcher_when_the_spec_leaves_it_open() -> None:
-    pipeline = {"backend": "deepspeed", "pipeline": {"stages": 2}, "batch": {"global": 8}}
+    pipeline = {"backend": "deepspeed", "parallel": {"pipeline": 2}, "batch": {"global": 8}}
     spec = TrainSpec.from_dict(pipeline)  # deepspeed --num_gpus 2 decides the world
     assert spec.fixed_world_size is None
     assert spec.batch_for(2) == ResolvedBatch(global_=8, micro=8, accumulation=1, dp=1)
@@ -332,7 +332,8 @@ def test_world_size_checks_wait_for_the_launcher_when_the_spec_leaves_it_open() 
     with pytest.raises(SpecError) as at_load:
         TrainSpec.from_dict({**pipeline, "launch": {"np": 3}})
     assert at_start.value.one_line() == at_load.value.one_line()
-    assert "pipeline.stages=2: must divide the world size (3)" in at_load.value.one_line()
+    divide = "parallel.pipeline=2: pipeline(2) x tensor(1) = 2 must divide the world size (3)"
+    assert divide in at_load.value.one_line()
 
 
 @pytest.mark.parametrize(

@@ -217,7 +217,7 @@ GENERATED = st.fixed_dictionaries(
                 "nvme_path": st.just("/nvme"),
             },
         ),
-        "pipeline": st.fixed_dictionaries({"stages": st.integers(1, 4)}),
+        "parallel": st.fixed_dictionaries({"pipeline": st.integers(1, 4)}),
         "horovod": st.fixed_dictionaries({"controller": st.sampled_from(["gloo", "mpi"])}),
         "launch": st.fixed_dictionaries(
             {"hosts": HOSTS},

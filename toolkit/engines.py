@@ -128,7 +128,7 @@ class Engine:
     zero: bool = False
     """Runs ZeRO partitioning (spec `zero.stage` above 0)."""
     pipeline: bool = False
-    """Runs pipeline parallelism (spec `pipeline.stages` above 1)."""
+    """Runs pipeline parallelism (spec `parallel.pipeline` above 1)."""
     deepspeed_settings: bool = False
     """Honours the spec's `deepspeed` section (pre-division, auto_cast, accumulation and
     communication dtypes) and Adam without bias correction (`optimizer.bias_correction`)."""
@@ -144,7 +144,7 @@ class Engine:
     """Runs tensor parallelism (spec `parallel.tensor` above 1) with DTensor's
     parallelize_module over groups of consecutive ranks."""
     hybrid_shards: bool = False
-    """Shards over a mesh of `fsdp.replicate` x shard ranks (FSDP's HSDP), so replicate must
+    """Shards over a mesh of `parallel.replicate` x shard ranks (FSDP's HSDP), so replicate must
     divide the world size."""
     rank_ports: tuple[str, ...] = ()
     """Spec fields ("section.key") holding the first of a range of ports, one per rank of the
@@ -194,7 +194,7 @@ ENGINES: tuple[Engine, ...] = (
         launchers=("torchrun", "mpirun", "deepspeed", "srun", "local"),
         standalone_environments=("torch_env", "single"),
     ),
-    # PyTorch FSDP2: fully_shard over a DeviceMesh (HSDP with fsdp.replicate), torch's own
+    # PyTorch FSDP2: fully_shard over a DeviceMesh (HSDP with parallel.replicate), torch's own
     # groups, so it starts wherever DDP does.
     Engine(
         backend="fsdp",

@@ -119,7 +119,7 @@ def engine_run(spec: TrainSpec, kind: str, workers: int) -> tuple[dict[str, Any]
     fresh = build(kind)
     fresh.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()}, strict=True)
     refusal = ""
-    if spec.pipeline.stages > 1:
+    if spec.parallel.pipeline > 1:
         sample = DictSamples(arrays(4, 3))[0]
         try:
             run.train_step([{k: np.stack([v] * 4) for k, v in sample.items()}], F.cross_entropy)

@@ -94,7 +94,7 @@ class Backend(ABC):
     @property
     def dp_size(self) -> int:
         """Data-parallel replicas: the ranks that see different samples."""
-        return self.env.world_size // (self.spec.pipeline.stages * self.spec.parallel.tensor)
+        return self.spec.layout_for(self.env.world_size).data
 
     @property
     def dp_rank(self) -> int:

@@ -37,7 +37,7 @@ def _deepspeed_matched(spec: TrainSpec, workdir: Path) -> list[str]:
     path = workdir / "ds_config.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(deepspeed_config(spec, spec.world_size), indent=1))
-    stages = ["--pipeline-stages", str(spec.pipeline.stages)]
+    stages = ["--pipeline-stages", str(spec.parallel.pipeline)]
     return [*_threads(spec, workdir), "--ds-config", str(path), *stages]
 
 
@@ -101,7 +101,7 @@ def _case(name: str, backend: str, launcher: str, **extra: Any) -> StepCase:
     spec: dict[str, Any] = {
         "backend": backend,
         "framework": extra.pop("framework", None),
-        "pipeline": {"stages": 1},
+        "parallel": {"pipeline": 1},
         "tf": {"local_devices": 1},
         "launch": {"launcher": launcher},
         **extra,
@@ -124,7 +124,7 @@ CASES: tuple[StepCase, ...] = (
             "backend": "deepspeed",
             "framework": None,
             "zero": {"stage": 0},
-            "pipeline": {"stages": 2},
+            "parallel": {"pipeline": 2},
             "launch": {"launcher": "deepspeed"},
         },
         PIPELINE_WORKLOAD,
@@ -150,5 +150,5 @@ CASES: tuple[StepCase, ...] = (
 def case_for(spec: TrainSpec) -> StepCase:
     """The user's own spec as one case (its launcher, its settings)."""
     name = f"{spec.backend}+{spec.framework_name}/{spec.launcher}"
-    workload = PIPELINE_WORKLOAD if spec.pipeline.stages > 1 else Workload()
+    workload = PIPELINE_WORKLOAD if spec.parallel.pipeline > 1 else Workload()
     return StepCase(name, {}, workload)

@@ -58,7 +58,7 @@ def case_spec(base: TrainSpec, case: StepCase) -> TrainSpec:
     """The user's spec with the case's engine and launcher (none for the user's own case) and
     the workload both sides run (toolkit.bench.workload), on free ports."""
     data = merge(base.to_dict(), case.spec)
-    data_parallel = case.workload.ranks // data["pipeline"]["stages"]
+    data_parallel = case.workload.ranks // data["parallel"]["pipeline"]
     data = merge(data, case.workload.spec_fields(data_parallel))
     data["launch"]["master_port"] = free_port()
     data["tf"]["port"] = free_port_range(case.workload.ranks)

@@ -50,11 +50,14 @@ def _env_line(env: dict[str, str]) -> str:
     return " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items())
 
 
-def format_plan(plan: LaunchPlan, device: str | None = None) -> str:
-    """The plan as lines for people; `device`, a device summary, follows the launcher line."""
+def format_plan(plan: LaunchPlan, device: str | None = None, layout: str | None = None) -> str:
+    """The plan as lines for people; `device`, a device summary, and `layout`, the parallel
+    layout, follow the launcher line."""
     lines = [f"launcher: {plan.launcher} ({len(plan.ranks)} ranks)"]
     if device is not None:
         lines.append(device)
+    if layout is not None:
+        lines.append(f"layout: {layout}")
     if plan.argv is not None:
         lines.append(f"command: {shlex.join(plan.argv)}")
     if plan.env:
@@ -165,10 +168,12 @@ def run(args: argparse.Namespace) -> int:
     plan = launch_plan_here(spec, args.command)
     if args.dry_run:
         device = device_summary(spec, here)
+        layout = spec.layout_for(len(plan.ranks)).describe()
         if args.json:
-            print(json.dumps({**dataclasses.asdict(plan), "device": device}, indent=2))
+            described = {**dataclasses.asdict(plan), "device": device, "layout": layout}
+            print(json.dumps(described, indent=2))
         else:
-            print(format_plan(plan, device))
+            print(format_plan(plan, device, layout))
         return 0
     if stall_timeout is None:
         stall_timeout = spec.timeouts.stall_s

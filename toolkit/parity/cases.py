@@ -130,7 +130,8 @@ ENGINES: dict[str, Engine] = {
         },
     ),
     "hsdp2x1/torchrun": Engine(
-        "fsdp", {"backend": "fsdp", "fsdp": {"replicate": 2}, "launch": {"launcher": "torchrun"}}
+        "fsdp",
+        {"backend": "fsdp", "parallel": {"replicate": 2}, "launch": {"launcher": "torchrun"}},
     ),
     "horovod/horovodrun-gloo": Engine(
         "horovod",
@@ -148,7 +149,9 @@ ENGINES: dict[str, Engine] = {
     "zero1/deepspeed": Engine("deepspeed", {"backend": "deepspeed", "zero": {"stage": 1}}),
     "zero2/deepspeed": Engine("deepspeed", {"backend": "deepspeed", "zero": {"stage": 2}}),
     "zero3/deepspeed": Engine("deepspeed", {"backend": "deepspeed", "zero": {"stage": 3}}),
-    "pipeline2/deepspeed": Engine("deepspeed", {"backend": "deepspeed", "pipeline": {"stages": 2}}),
+    "pipeline2/deepspeed": Engine(
+        "deepspeed", {"backend": "deepspeed", "parallel": {"pipeline": 2}}
+    ),
     "zero2-offload/deepspeed": Engine(
         "deepspeed",
         {"backend": "deepspeed", "zero": {"stage": 2, "offload_optimizer": "cpu"}},

@@ -70,9 +70,9 @@ def ddp_rows(s: Setting) -> list[PlanRow]:
 
 
 def fsdp_rows(s: Setting) -> list[PlanRow]:
-    """FSDP2 over its shard groups (fsdp.replicate of them), with and without CPU offload."""
+    """FSDP2 over its shard groups (parallel.replicate of them), with and without CPU offload."""
     p = s.facts.parameters
-    shard = max(s.ranks // s.spec.fsdp.replicate, 1)
+    shard = max(s.ranks // s.spec.parallel.replicate, 1)
     rows = []
     for offload in (False, True):
         memory = mem.fsdp(
@@ -158,7 +158,7 @@ def deepspeed_rows(s: Setting) -> list[PlanRow]:
             notes.append("largest layer = model")
         note = "; ".join(notes)
         rows.append(PlanRow(layout_name(layout), memory, sent, note=note))
-    if s.spec.pipeline.stages > 1:
+    if s.spec.parallel.pipeline > 1:
         rows.append(_pipeline(s))
     return rows
 
@@ -178,7 +178,7 @@ def stage_split(layer_parameters: tuple[int, ...], stages: int) -> list[int]:
 
 
 def _pipeline(s: Setting) -> PlanRow:
-    stages, facts = s.spec.pipeline.stages, s.facts
+    stages, facts = s.spec.parallel.pipeline, s.facts
     data_parallel = s.ranks // stages
     layers = facts.layer_parameters
     cuts = stage_split(layers, stages) if layers else []

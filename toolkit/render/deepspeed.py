@@ -159,7 +159,7 @@ def deepspeed_config(spec: TrainSpec, world_size: int | None = None) -> dict[str
         "communication_data_type": ds.communication_data_type or dtype,
         "data_types": {"grad_accum_dtype": ds.grad_accum_dtype or dtype},
         "pipeline": {
-            "stages": spec.pipeline.stages,
+            "stages": spec.parallel.pipeline,
             "partition": spec.pipeline.partition,
             "seed_layers": False,
             "activation_checkpoint_interval": spec.pipeline.activation_checkpoint_interval,

@@ -358,7 +358,7 @@ def _pipeline(ds: ConfigReader, out: _Build) -> None:
     if not ds.has("pipeline"):
         return
     pipe = ds.sub("pipeline")
-    names = {"stages": "pipeline.stages"}
+    names = {"stages": "parallel.pipeline"}
     names |= {"activation_checkpoint_interval": "pipeline.activation_checkpoint_interval"}
     _copy(out, pipe, names, whole=True)
     if pipe.has("partition"):
@@ -471,7 +471,7 @@ def spec_from_deepspeed(
     _deepspeed_keys(ds, out)
     if ds.has("steps_per_print"):
         out.put("log_every_steps", ds.at("steps_per_print"), _whole(ds.get("steps_per_print")))
-    stages = out.data.get("pipeline", {}).get("stages", 1)
+    stages = out.data.get("parallel", {}).get("pipeline", 1)
     np = world_size if world_size is not None else _infer_world_size(out.data["batch"], stages)
     if np is not None:
         out.put("launch.np", "train_batch_size", np)

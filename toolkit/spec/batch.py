@@ -1,8 +1,8 @@
 """The batch contract: global = micro * accumulation * data-parallel ranks.
 
 Data-parallel ranks (dp) are the world size divided by the pipeline stages and the tensor-
-parallel degree: every stage of one pipeline, and every rank of one tensor-parallel group,
-sees the same samples. This is DeepSpeed's own rule (`train_batch_size ==
+parallel degree (`toolkit.spec.layout`): every stage of one pipeline, and every rank of one
+tensor-parallel group, sees the same samples. This is DeepSpeed's own rule (`train_batch_size ==
 train_micro_batch_size_per_gpu * gradient_accumulation_steps * dp`, checked in
 `DeepSpeedConfig._batch_assertion`), and every other engine is held to it too.
 """
@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from toolkit.spec.errors import SpecError, SpecIssue
+from toolkit.spec.layout import resolve_layout
 
 if TYPE_CHECKING:
-    from toolkit.spec.sections import BatchSpec
+    from toolkit.spec.sections import BatchSpec, ParallelSpec
 
 X = "\u00d7"
 """The multiplication sign of the messages (escaped: ruff flags it as confusable)."""
@@ -35,38 +36,13 @@ class ResolvedBatch:
     """Data-parallel ranks: world size / (pipeline stages x tensor-parallel degree)."""
 
 
-def data_parallel_size(world_size: int, stages: int, tensor: int = 1) -> int:
-    """World size / (pipeline stages x tensor-parallel degree); SpecError when they do not
-    divide the world."""
-    if world_size < 1:
-        raise SpecError.single(
-            "launch.np", world_size, "must be at least 1", hint="a job has at least one rank"
-        )
-    if stages < 1 or world_size % stages:
-        raise SpecError.single(
-            "pipeline.stages",
-            stages,
-            f"must divide the world size ({world_size})",
-            hint=f"use a divisor of {world_size}, or change launch.np",
-        )
-    if tensor < 1 or (world_size // stages) % tensor:
-        raise SpecError.single(
-            "parallel.tensor",
-            tensor,
-            f"must divide the world size / pipeline stages ({world_size // stages})",
-            hint="use a divisor of it, or change launch.np",
-        )
-    return world_size // (stages * tensor)
-
-
-def resolve_batch(batch: BatchSpec, world_size: int, stages: int, tensor: int = 1) -> ResolvedBatch:
+def resolve_batch(batch: BatchSpec, world_size: int, parallel: ParallelSpec) -> ResolvedBatch:
     """Derive the missing member of the triple for `world_size`; SpecError when impossible."""
-    dp = data_parallel_size(world_size, stages, tensor)
+    layout = resolve_layout(parallel, world_size)
+    dp = layout.data
     global_, micro, accum = batch.global_, batch.micro, batch.accumulation
     ranks = f"data-parallel ranks({dp})"
-    world = f" (world size {world_size} / pipeline stages {stages})"
-    if tensor > 1:
-        world = f" (world size {world_size} / tensor-parallel degree {tensor})"
+    world = f" (world size {world_size}: {layout.describe()})"
     if global_ is None:
         micro = 1 if micro is None else micro
         accum = 1 if accum is None else accum
@@ -107,12 +83,10 @@ def resolve_batch(batch: BatchSpec, world_size: int, stages: int, tensor: int = 
     return ResolvedBatch(global_=global_, micro=micro, accumulation=accum, dp=dp)
 
 
-def batch_issues(
-    batch: BatchSpec, world_size: int, stages: int, tensor: int = 1
-) -> list[SpecIssue]:
-    """`resolve_batch`'s problems as a list (empty when the triple works)."""
+def batch_issues(batch: BatchSpec, world_size: int, parallel: ParallelSpec) -> list[SpecIssue]:
+    """`resolve_batch`'s and the layout's problems as a list (empty when both work)."""
     try:
-        resolve_batch(batch, world_size, stages, tensor)
+        resolve_batch(batch, world_size, parallel)
     except SpecError as error:
         return list(error.issues)
     return []

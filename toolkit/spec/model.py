@@ -31,6 +31,7 @@ from toolkit.spec.errors import SpecError, SpecIssue
 from toolkit.spec.fields import Section, rule_error
 from toolkit.spec.hostfile import read_hostfile
 from toolkit.spec.hosts import Host
+from toolkit.spec.layout import Layout, resolve_layout
 from toolkit.spec.run_sections import ScheduleSpec, TimeoutsSpec
 from toolkit.spec.sections import (
     BatchSpec,
@@ -103,13 +104,13 @@ class TrainSpec(Section):
     pipeline: PipelineSpec = Field(
         default_factory=PipelineSpec,
         validate_default=True,
-        description="Pipeline parallelism settings.",
+        description="How the pipeline engine partitions and recomputes layers.",
     )
     parallel: ParallelSpec = Field(
         default_factory=ParallelSpec,
         validate_default=True,
-        description="Model parallelism beside data parallelism: the tensor-parallel degree and "
-        "plan.",
+        description="The layout of the ranks: data x pipeline x tensor, FSDP's replicate x "
+        "shard, and the tensor-parallel plan.",
     )
     tf: TfSpec = Field(default_factory=TfSpec, description="tf.distribute settings.")
     ddp: DdpSpec = Field(
@@ -209,19 +210,14 @@ class TrainSpec(Section):
         _raise(issues)
         return zero
 
-    @field_validator("pipeline")
-    @classmethod
-    def _pipeline_rules(cls, pipeline: PipelineSpec, info: ValidationInfo) -> PipelineSpec:
-        if _have(info, "backend", "zero"):
-            _raise(rules.pipeline_issues(pipeline, info.data["backend"], info.data["zero"]))
-        return pipeline
-
     @field_validator("parallel")
     @classmethod
     def _parallel_rules(cls, parallel: ParallelSpec, info: ValidationInfo) -> ParallelSpec:
-        if _have(info, "backend", "pipeline"):
-            data = info.data
-            _raise(rules.tensor_issues(parallel, data["backend"], data["pipeline"]))
+        if _have(info, "pipeline"):
+            _raise(rules.stages_issues(parallel, info.data["pipeline"]))
+            parallel = rules.with_pipeline_stages(parallel, info.data["pipeline"])
+        if _have(info, "backend", "zero"):
+            _raise(rules.layout_issues(parallel, info.data["backend"], info.data["zero"]))
         return parallel
 
     @field_validator("tf")
@@ -246,16 +242,10 @@ class TrainSpec(Section):
         issues += rules.port_issues(launch, backend, framework, info.data)
         if _have(info, "device"):
             issues += rules.gpu_issues(launch, info.data["device"])
-        if _have(info, "batch", "pipeline", "parallel", "tf"):
+        if _have(info, "batch", "parallel", "tf"):
             data = info.data
             issues += rules.world_issues(
-                launch,
-                backend,
-                framework,
-                data["batch"],
-                data["pipeline"],
-                data["parallel"],
-                data["tf"],
+                launch, backend, framework, data["batch"], data["parallel"], data["tf"]
             )
         _raise(issues)
         return launch
@@ -274,18 +264,9 @@ class TrainSpec(Section):
     @field_validator("fsdp")
     @classmethod
     def _fsdp_layout(cls, fsdp: FsdpSpec, info: ValidationInfo) -> FsdpSpec:
-        if _have(info, "backend", "precision", "launch", "parallel", "device"):
+        if _have(info, "backend", "precision", "device"):
             data = info.data
-            _raise(
-                rules.fsdp_issues(
-                    fsdp,
-                    data["backend"],
-                    data["precision"],
-                    data["launch"],
-                    data["parallel"],
-                    data["device"],
-                )
-            )
+            _raise(rules.fsdp_issues(fsdp, data["backend"], data["precision"], data["device"]))
         return fsdp
 
     # -- building and writing -----------------------------------------------------------------
@@ -359,7 +340,13 @@ class TrainSpec(Section):
         impossible. MirroredStrategy's replicas in one process count as data-parallel ranks."""
         world = self.world_size if world_size is None else world_size
         replicas = world * self.replicas_per_process(world)
-        return resolve_batch(self.batch, replicas, self.pipeline.stages, self.parallel.tensor)
+        return resolve_batch(self.batch, replicas, self.parallel)
+
+    def layout_for(self, world_size: int | None = None) -> Layout:
+        """The parallel layout over `world_size` processes (default: this spec's); SpecError
+        when `parallel` does not fit it."""
+        world = self.world_size if world_size is None else world_size
+        return resolve_layout(self.parallel, world)
 
     def effective_lr(self, world_size: int | None = None) -> float:
         """The learning rate every engine must use, after `lr_scaling`."""

@@ -160,27 +160,6 @@ def offload_issues(zero: ZeroSpec, optimizer: OptimizerSpec) -> Iterator[SpecIss
         )
 
 
-def pipeline_issues(pipeline: PipelineSpec, backend: str, zero: ZeroSpec) -> Iterator[SpecIssue]:
-    if pipeline.stages == 1:
-        return
-    if not engines.engine(backend).pipeline:
-        with_pipeline = ", ".join(engines.backends_with("pipeline"))
-        yield _issue(
-            "pipeline.stages",
-            pipeline.stages,
-            f"pipeline parallelism needs backend {with_pipeline} (backend is {backend})",
-            f"set backend: {with_pipeline}, or pipeline.stages: 1",
-        )
-    elif zero.stage > engines.PIPELINE_MAX_ZERO_STAGE:
-        top = engines.PIPELINE_MAX_ZERO_STAGE
-        yield _issue(
-            "zero.stage",
-            zero.stage,
-            f"the pipeline engine runs ZeRO stages 0 to {top} only",
-            f"set zero.stage: {top}, or pipeline.stages: 1",
-        )
-
-
 def launch_issues(launch: LaunchSpec, backend: str, framework: str | None) -> Iterator[SpecIssue]:
     launcher = launcher_of(backend, framework, launch)
     refusal = engines.launcher_refusal(backend, known_framework(backend, framework), launcher)
@@ -257,39 +236,73 @@ def gpu_issues(launch: LaunchSpec, device: str) -> Iterator[SpecIssue]:
         )
 
 
-def tensor_issues(
-    parallel: ParallelSpec, backend: str, pipeline: PipelineSpec
-) -> Iterator[SpecIssue]:
-    """Tensor parallelism needs an engine that runs it, and not beside a pipeline."""
-    if parallel.tensor == 1:
-        return
-    if not engine_of(backend, None).tensor_parallel:
-        able = ", ".join(engines.backends_with("tensor_parallel"))
+def stages_issues(parallel: ParallelSpec, pipeline: PipelineSpec) -> Iterator[SpecIssue]:
+    """`pipeline.stages` (the earlier spelling of parallel.pipeline) beside a different
+    parallel.pipeline."""
+    stages = pipeline.stages
+    written = "pipeline" in parallel.model_fields_set
+    if stages is not None and written and stages != parallel.pipeline:
         yield _issue(
-            "parallel.tensor",
-            parallel.tensor,
-            f"1 with backend {backend}; tensor parallelism runs with backend {able}",
-            f"set backend: {able}, or parallel.tensor: 1",
+            "pipeline.stages",
+            stages,
+            f"must equal parallel.pipeline ({parallel.pipeline}), the layout's stages",
+            "remove pipeline.stages: parallel.pipeline is where the stages live",
         )
-    elif pipeline.stages > 1:
+
+
+def with_pipeline_stages(parallel: ParallelSpec, pipeline: PipelineSpec) -> ParallelSpec:
+    """`parallel` with `pipeline.stages` taken in when the spec wrote only that spelling."""
+    if pipeline.stages is None or "pipeline" in parallel.model_fields_set:
+        return parallel
+    return parallel.model_copy(update={"pipeline": pipeline.stages})
+
+
+def layout_issues(parallel: ParallelSpec, backend: str, zero: ZeroSpec) -> Iterator[SpecIssue]:
+    """Each degree above 1 needs an engine that runs it, and the pairs no engine here runs
+    together are refused (the degrees against the world size are `world_issues`)."""
+    entry = engine_of(backend, None)
+    degrees = (
+        ("parallel.pipeline", parallel.pipeline, "pipeline", "pipeline parallelism"),
+        ("parallel.tensor", parallel.tensor, "tensor_parallel", "tensor parallelism"),
+        ("parallel.replicate", parallel.replicate, "hybrid_shards", "hybrid sharding"),
+    )
+    for path, degree, feature, strategy in degrees:
+        if degree > 1 and not getattr(entry, feature):
+            able = ", ".join(engines.backends_with(feature))
+            yield _issue(
+                path,
+                degree,
+                f"1 with backend {backend}: {strategy} runs with backend {able}",
+                f"set backend: {able}, or {path}: 1",
+            )
+            return
+    if parallel.pipeline > 1 and zero.stage > engines.PIPELINE_MAX_ZERO_STAGE:
+        top = engines.PIPELINE_MAX_ZERO_STAGE
+        yield _issue(
+            "zero.stage",
+            zero.stage,
+            f"the pipeline engine runs ZeRO stages 0 to {top} only",
+            f"set zero.stage: {top}, or parallel.pipeline: 1",
+        )
+    if parallel.tensor > 1 and parallel.pipeline > 1:
         yield _issue(
             "parallel.tensor",
             parallel.tensor,
-            "1 beside pipeline.stages > 1: no engine here runs both",
+            "1 beside parallel.pipeline > 1: no engine here runs both",
             "use one of the two",
         )
+    if parallel.tensor > 1 and parallel.replicate > 1:
+        yield _issue(
+            "parallel.replicate",
+            parallel.replicate,
+            "1 with parallel.tensor > 1: HSDP beside tensor parallelism is not run here",
+            "use parallel.replicate: 1 (FSDP over the data-parallel ranks) or parallel.tensor: 1",
+        )
 
 
-def fsdp_issues(
-    fsdp: FsdpSpec,
-    backend: str,
-    precision: str,
-    launch: LaunchSpec,
-    parallel: ParallelSpec,
-    device: str,
-) -> Iterator[SpecIssue]:
+def fsdp_issues(fsdp: FsdpSpec, backend: str, precision: str, device: str) -> Iterator[SpecIssue]:
     """An engine's precisions (FSDP: fp32 or bf16, its fp16 would need a sharded loss scaler
-    the toolkit does not run), and a hybrid layout that splits the ranks evenly."""
+    the toolkit does not run), and offload only from a GPU."""
     entry = engine_of(backend, None)
     if precision not in entry.precisions:
         yield _issue(
@@ -304,21 +317,6 @@ def fsdp_issues(
             fsdp.offload,
             "none with device cpu: FSDP2 offloads from a GPU to the host",
             "set fsdp.offload: none, or device: cuda",
-        )
-    if entry.hybrid_shards and fsdp.replicate > 1 and parallel.tensor > 1:
-        yield _issue(
-            "fsdp.replicate",
-            fsdp.replicate,
-            "1 with parallel.tensor > 1: HSDP beside tensor parallelism is not run here",
-            "use fsdp.replicate: 1 (FSDP over the data-parallel ranks) or parallel.tensor: 1",
-        )
-    world = fixed_world_size(launch)
-    if entry.hybrid_shards and world is not None and world % fsdp.replicate:
-        yield _issue(
-            "fsdp.replicate",
-            fsdp.replicate,
-            f"a divisor of the world size ({world}): replicate x shard = ranks",
-            f"use one of {[d for d in range(1, world + 1) if world % d == 0]}",
         )
 
 
@@ -366,17 +364,16 @@ def world_issues(
     backend: str,
     framework: str | None,
     batch: BatchSpec,
-    pipeline: PipelineSpec,
     parallel: ParallelSpec,
     tf: TfSpec,
 ) -> list[SpecIssue]:
-    """The batch triple, the pipeline stages and the tensor-parallel degree against the world
-    size, when the spec fixes it."""
+    """The batch triple and the parallel layout against the world size, when the spec fixes
+    it."""
     world = fixed_world_size(launch)
     if world is None:
         return []
     replicas = world * replicas_per_process(backend, framework, tf, world)
-    return batch_issues(batch, replicas, pipeline.stages, parallel.tensor)
+    return batch_issues(batch, replicas, parallel)
 
 
 def horovod_issues(

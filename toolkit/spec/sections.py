@@ -294,13 +294,15 @@ class ZeroSpec(Section):
 
 
 class PipelineSpec(Section):
-    """Pipeline parallelism (DeepSpeed's pipeline engine); stages divide the world size."""
+    """How DeepSpeed's pipeline engine splits and recomputes the layers; how many stages is
+    `parallel.pipeline`."""
 
-    stages: int = Field(
-        default=1,
+    stages: int | None = Field(
+        default=None,
         ge=1,
         le=MAX_RANKS,
-        description="Pipeline stages; data-parallel ranks = world / stages.",
+        description="The earlier spelling of parallel.pipeline, still read: written alone it "
+        "sets parallel.pipeline; written beside it, the two must agree.",
     )
     partition: str = Field(
         default="parameters",
@@ -332,10 +334,26 @@ class PipelineSpec(Section):
 
 
 class ParallelSpec(Section):
-    """How the ranks split the model beside data parallelism: the tensor-parallel degree and
-    plan (pipeline parallelism is `pipeline.stages`). Data-parallel ranks = world size /
-    (pipeline stages x tensor); the batch contract is over those."""
+    """The one layout of the ranks: data x pipeline x tensor = world size, and for FSDP the
+    data-parallel ranks split again into replicate x shard. The batch contract is over the
+    data-parallel degree; each engine maps the layout to its own groups (a torch DeviceMesh,
+    DeepSpeed's pipeline topology)."""
 
+    data: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_RANKS,
+        description="Data-parallel degree: the ranks that read different samples; null = the "
+        "world size / (pipeline x tensor). Written, the world size must be data x pipeline x "
+        "tensor.",
+    )
+    pipeline: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_RANKS,
+        description="Pipeline stages (DeepSpeed's pipeline engine): each holds a slice of the "
+        "layers and passes activations on; 1 = none.",
+    )
     tensor: int = Field(
         default=1,
         ge=1,
@@ -344,6 +362,20 @@ class ParallelSpec(Section):
         "module's weights between them (DTensor's parallelize_module) and read the same "
         "samples; 1 = none.",
     )
+    replicate: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_RANKS,
+        description="FSDP's HSDP: groups that each hold a whole sharded copy of the model, the "
+        "data-parallel ranks split into replicate x shard; 1 = one shard group over them all.",
+    )
+    shard: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_RANKS,
+        description="FSDP's shard group size: the ranks one copy of the model is sharded "
+        "over; null = data / replicate. Written, data must be replicate x shard.",
+    )
     tensor_plan: TensorPlan = Field(
         default_factory=dict,
         description="Module-name patterns (dots between parts, * for any one part, e.g. "
@@ -351,6 +383,22 @@ class ParallelSpec(Section):
         "features split, the outputs summed); {} = the model's own plan (Hugging Face models' "
         "base_model_tp_plan).",
     )
+
+    @field_validator("shard")
+    @classmethod
+    def _shards_times_replicas(cls, shard: int | None, info: ValidationInfo) -> int | None:
+        data, replicate = info.data.get("data"), info.data.get("replicate")
+        if (
+            shard is not None
+            and data is not None
+            and replicate is not None
+            and replicate * shard != data
+        ):
+            raise field_error(
+                f"replicate({replicate}) x shard must equal data({data})",
+                "leave shard out to derive it, or change replicate or data",
+            )
+        return shard
 
 
 class DdpSpec(Section):
@@ -376,9 +424,10 @@ class DdpSpec(Section):
 
 class FsdpSpec(Section):
     """PyTorch FSDP2 (`fully_shard`): which modules are units, when their parameters are
-    released, offload, and hybrid sharding. Parameters, gradients and optimizer state are
-    sharded over the ranks of a shard group; the optimizer steps on fp32 shards whatever the
-    precision (the spec's bf16 computes in bf16, gradients are reduced in `reduce_dtype`)."""
+    released, and offload (hybrid sharding is `parallel.replicate`). Parameters, gradients and
+    optimizer state are sharded over the ranks of a shard group; the optimizer steps on fp32
+    shards whatever the precision (the spec's bf16 computes in bf16, gradients are reduced in
+    `reduce_dtype`)."""
 
     wrap: ClassNames = Field(
         default=(),
@@ -398,13 +447,6 @@ class FsdpSpec(Section):
         description="cpu: the sharded parameters, gradients and optimizer step live on the "
         "host (CPUOffloadPolicy), for GPU jobs only (FSDP2 needs an accelerator to offload "
         "from); nvme is refused (FSDP has none).",
-    )
-    replicate: int = Field(
-        default=1,
-        ge=1,
-        le=MAX_RANKS,
-        description="HSDP: groups that each hold a whole sharded copy, the ranks split into "
-        "replicate x shard; 1 = one shard group over every rank (plain FSDP).",
     )
     reduce_dtype: ReduceDtype = Field(
         default="fp32",

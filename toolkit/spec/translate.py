@@ -158,6 +158,10 @@ REMOVED_KEYS = {
 """Keys earlier releases had, which chose the toolkit's own transports or allocator settings over
 an engine's; each engine now uses its own (CHANGELOG.md). A spec that still has one is told so."""
 
+MOVED_KEYS = {("fsdp", "replicate"): "parallel.replicate"}
+"""Keys that moved into the one parallel layout (`parallel:`); a spec that still has one is told
+where it lives now."""
+
 
 def _unknown_key(loc: tuple[Any, ...], root: type[BaseModel]) -> tuple[str, str]:
     model = _model_at(root, loc[:-1])
@@ -166,6 +170,9 @@ def _unknown_key(loc: tuple[Any, ...], root: type[BaseModel]) -> tuple[str, str]
     removed = REMOVED_KEYS.get((str(loc[-2]), key)) if len(loc) >= 2 else None
     if removed:
         return "a key this release no longer has", f"remove it: {removed}"
+    moved = MOVED_KEYS.get((str(loc[-2]), key)) if len(loc) >= 2 else None
+    if moved:
+        return f"moved to {moved}: the layout of the ranks lives in parallel", f"write {moved}"
     close = [name for name in keys if name.lower() == key.lower()]
     close = close or difflib.get_close_matches(key, keys, n=1)
     if close:

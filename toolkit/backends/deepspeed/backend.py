@@ -1,4 +1,5 @@
-"""DeepSpeed: ZeRO stages 0-3 (with CPU offload) and, when pipeline.stages > 1, its pipeline engine.
+"""DeepSpeed: ZeRO stages 0-3 (with CPU offload) and, with parallel.pipeline > 1, its pipeline
+engine.
 
 The engine gets the config `toolkit.render.deepspeed` writes from the spec, with every setting
 that changes the math explicit. Accumulation is DeepSpeed's own: `engine.backward` divides the
@@ -69,7 +70,7 @@ class DeepSpeedBackend(common.TorchCollectives, TorchData, Backend):
 
     @property
     def uses_pipeline(self) -> bool:
-        return self.spec.pipeline.stages > 1
+        return self.spec.parallel.pipeline > 1
 
     def setup(self) -> None:
         accelerator = get_accelerator()
@@ -126,13 +127,13 @@ class DeepSpeedBackend(common.TorchCollectives, TorchData, Backend):
     def _pipeline_module(self, module: torch.nn.Module) -> PipelineModule:
         if not isinstance(module, torch.nn.Sequential):
             raise ToolkitError(
-                f"pipeline.stages={self.spec.pipeline.stages} needs an nn.Sequential model to "
+                f"parallel.pipeline={self.spec.parallel.pipeline} needs an nn.Sequential model to "
                 f"split into stages, got {type(module).__name__}",
-                "express the model as torch.nn.Sequential, or set pipeline.stages: 1",
+                "express the model as torch.nn.Sequential, or set parallel.pipeline: 1",
             )
         return PipelineModule(
             layers=list(module.children()),
-            num_stages=self.spec.pipeline.stages,
+            num_stages=self.spec.parallel.pipeline,
             partition_method=self.spec.pipeline.partition,
             activation_checkpoint_interval=self.spec.pipeline.activation_checkpoint_interval,
             loss_fn=None,
@@ -140,7 +141,7 @@ class DeepSpeedBackend(common.TorchCollectives, TorchData, Backend):
 
     def train_step(self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn | None) -> float:
         if self.uses_pipeline:
-            stages = self.spec.pipeline.stages
+            stages = self.spec.parallel.pipeline
             self.engine.module.loss_fn = pipeline.require_loss_fn(loss_fn, stages)
             data = [pipeline.pipeline_batch(b, stages, self.input_dtype) for b in micro_batches]
             # Already the global mean on every stage: train_batch reduces it over the
@@ -162,13 +163,14 @@ class DeepSpeedBackend(common.TorchCollectives, TorchData, Backend):
         if self.uses_pipeline:
             if not pairs:
                 raise pipeline.refusal(
-                    self.spec.pipeline.stages, "evaluates (inputs, labels) pairs only (pairs=True)"
+                    self.spec.parallel.pipeline,
+                    "evaluates (inputs, labels) pairs only (pairs=True)",
                 )
             return pipeline.evaluate(
                 self.engine,
                 micro_batches,
                 metric_fn,
-                stages=self.spec.pipeline.stages,
+                stages=self.spec.parallel.pipeline,
                 dtype=self.input_dtype,
                 world_size=self.env.world_size,
             )

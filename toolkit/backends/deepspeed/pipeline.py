@@ -1,6 +1,6 @@
 """What DeepSpeed's pipeline engine accepts, and evaluation through its `eval_batch`.
 
-The pipeline engine (pipeline.stages > 1) moves data between stages as tensors, so it takes
+The pipeline engine (parallel.pipeline > 1) moves data between stages as tensors, so it takes
 less than the other engines:
 - every micro-batch is an `(inputs, labels)` pair (under bf16 the floating inputs are cast to
   the model's dtype, the labels are not) and a `loss_fn(outputs, labels)` is given:
@@ -38,10 +38,10 @@ PairOfTensors = tuple[Any, Any]
 
 def refusal(stages: int, what: str) -> ToolkitError:
     return ToolkitError(
-        f"the pipeline engine (pipeline.stages={stages}) {what}",
+        f"the pipeline engine (parallel.pipeline={stages}) {what}",
         "give it (inputs, labels) micro-batches whose inputs and labels are each a tensor or a "
         "flat tuple of tensors, and a loss_fn(outputs, labels); dict batches and models that "
-        "return their own loss need pipeline.stages: 1 (ZeRO runs them)",
+        "return their own loss need parallel.pipeline: 1 (ZeRO runs them)",
     )
 
 

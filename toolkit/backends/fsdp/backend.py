@@ -2,7 +2,7 @@
 
 The model's units (`fsdp.wrap`, by default its repeated blocks) and then the whole model are
 each given to `fully_shard` over a DeviceMesh of every rank, or of replicate x shard ranks for
-HSDP (`fsdp.replicate`). Each unit gathers its parameters for its forward and backward and
+HSDP (`parallel.replicate`). Each unit gathers its parameters for its forward and backward and
 reduce-scatters its gradients; the optimizer steps on this rank's fp32 shards (DTensors).
 
 - Accumulation is FSDP's own: every micro-batch but the last runs with
@@ -82,24 +82,18 @@ class FSDPBackend(common.TorchCollectives, TorchData, Backend):
         self.mesh = self._mesh()
 
     def _mesh(self) -> DeviceMesh:
-        """Every rank in one shard group, replicate x shard for HSDP, or shard x tensor with
-        tensor parallelism (each tensor-parallel group consecutive ranks)."""
-        replicate, tensor = self.spec.fsdp.replicate, self.spec.parallel.tensor
-        world = self.env.world_size
-        if tensor > 1:
-            return init_device_mesh(
-                self.device.type, (world // tensor, tensor), mesh_dim_names=("shard", "tensor")
-            )
-        if world % replicate:
-            raise ToolkitError(
-                f"fsdp.replicate={replicate} does not divide the {world} ranks of this job",
-                "use a divisor of the world size",
-            )
-        if replicate == 1:
-            return init_device_mesh(self.device.type, (world,), mesh_dim_names=("shard",))
-        return init_device_mesh(
-            self.device.type, (replicate, world // replicate), mesh_dim_names=("replicate", "shard")
-        )
+        """The layout as a DeviceMesh: every rank in one shard group, replicate x shard for
+        HSDP, or shard x tensor with tensor parallelism (each tensor group consecutive ranks)."""
+        layout = self.spec.layout_for(self.env.world_size)
+        shape: tuple[int, ...]
+        names: tuple[str, ...]
+        if layout.tensor > 1:
+            shape, names = (layout.shard, layout.tensor), ("shard", "tensor")
+        elif layout.replicate > 1:
+            shape, names = (layout.replicate, layout.shard), ("replicate", "shard")
+        else:
+            shape, names = (layout.shard,), ("shard",)
+        return init_device_mesh(self.device.type, shape, mesh_dim_names=names)
 
     def prepare(self, model: Any, optimizer: Any | None = None) -> Any:
         module = common.require_module(model)
