@@ -8,8 +8,10 @@ from typing import Any
 
 import pytest
 import torch
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-from toolkit.backends.fsdp.backend import _require_fp32, clip_sharded, tensor_plan, units_of
+from toolkit.backends.fsdp.backend import _require_fp32, clip_sharded, units_of
+from toolkit.backends.fsdp.tensor import stores_weight_transposed, tensor_plan
 from toolkit.errors import ToolkitError
 from toolkit.spec import SpecError, TrainSpec
 
@@ -95,13 +97,18 @@ def test_fsdp_offloads_to_the_host_only() -> None:
     assert list(_issues({"backend": "fsdp", "fsdp": {"offload": "nvme"}})) == ["fsdp.offload"]
 
 
+def test_hugging_faces_conv1d_is_split_along_its_transposed_weight() -> None:
+    pytorch_utils = pytest.importorskip("transformers.pytorch_utils")
+    conv1d = pytorch_utils.Conv1D(nf=16, nx=8)  # weight (in 8, out 16)
+    assert stores_weight_transposed(conv1d)
+    assert not stores_weight_transposed(torch.nn.Linear(8, 16))
+    assert not stores_weight_transposed(torch.nn.Conv1d(8, 16, 3))
+
+
 def test_the_spec_plan_is_checked_against_the_models_modules() -> None:
     mlp = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
     plan = tensor_plan(mlp, {"0": "colwise", "2": "rowwise"})
-    assert [type(style).__name__ for style in plan.values()] == [
-        "ColwiseParallel",
-        "RowwiseParallel",
-    ]
+    assert isinstance(plan["0"], ColwiseParallel) and isinstance(plan["2"], RowwiseParallel)
     with pytest.raises(ToolkitError) as caught:
         tensor_plan(mlp, {"layers.*.up": "colwise"})
     assert "names no module" in str(caught.value)

@@ -10,7 +10,9 @@ and its Keras counterpart (hvd_examples/keras_text.py).
   held-out perplexity; full_state_dict() has the model's own state_dict names on every engine,
   in its order, and they load into a fresh GPT2LMHeadModel with strict=True (the example does
   that on rank 0). The shipped DDP spec reaches the stated perplexity after 100 steps.
-- TOOLKIT_GPT=full adds ZeRO-1, ZeRO-2 (2 DataLoader workers) and ZeRO-3 with offload, the
+- By default ZeRO-3 and FSDP2 with tensor parallel 2 (the MLP's Conv1D projections split over
+  the pair) are held to the reference; TOOLKIT_GPT=full adds DDP, Horovod, FSDP2, data 2 x
+  tensor 2 (4 ranks), ZeRO-1, ZeRO-2 (2 DataLoader workers) and ZeRO-3 with offload, the
   whole shipped run (800 steps) against its stated perplexity, and the Keras example under
   MultiWorkerMirrored, Horovod TF and MirroredStrategy against a single-process Keras loop
   (tests/scripts/keras_text_reference.py), with its own perplexity target. Targets and
@@ -319,10 +321,12 @@ def assert_matches_reference(
 
 
 # (shipped spec gpt_<name>.yaml, DataLoader worker processes per rank). By default ZeRO-3 with a
-# loader worker: partitioned weights, the tied output layer, and the worker's batches.
-PARITY_RUNS = [("zero3", 1)]
+# loader worker (partitioned weights, the tied output layer, and the worker's batches) and
+# FSDP2 with tensor parallelism 2 (Conv1D projections split, the rest sharded).
+PARITY_RUNS = [("zero3", 1), ("tp2", 0)]
 if FULL_GPT:
     PARITY_RUNS += [("ddp", 1), ("horovod", 0), ("zero1", 0), ("zero2", 2), ("zero3_offload", 0)]
+    PARITY_RUNS += [("fsdp", 0), ("dp2_tp2", 0)]
 
 
 @needs_transformers
@@ -338,7 +342,7 @@ def test_gpt_trains_to_the_weights_of_one_process(
     spec = engine_spec(tmp_path, engine, PARITY_CHANGES)
     out = tmp_path / "out"
     result = launch(spec, "--out", str(out), "--eval-every", "5", "--workers", str(workers))
-    assert_ranks_agree(result)
+    assert_ranks_agree(result, load_spec(spec).world_size)
     weights, history = read(out)
     ref_weights, ref_history = reference
     # the unwrapped model's state_dict names, in its order, on every engine (the tied

@@ -66,8 +66,9 @@ def only(pattern: str):  # type: ignore[no-untyped-def]
     return case
 
 
-# By default one case per engine family (DDP, Horovod torch and TF, ZeRO with the DeepSpeed
-# scheduler, ZeRO-3 with both offloads, the pipeline, MirroredStrategy, MultiWorkerMirrored) with
+# By default one case per engine family (DDP, FSDP, FSDP x tensor parallel, Horovod torch and TF,
+# ZeRO with the DeepSpeed scheduler, ZeRO-3 with both offloads, the pipeline, MirroredStrategy,
+# MultiWorkerMirrored), FSDP against ZeRO-3 directly (accumulation and clipping), with
 # the recipe that exercises the most (Adam state, warmup and cosine decay), and both framework
 # references under the schedule. Elsewhere in `make test`, ZeRO-2 trains to the reference weights
 # across two hosts (tests/cluster) and Horovod's Gloo controller in the engine cells.
@@ -76,6 +77,7 @@ REPRESENTATIVE = [
     "ddp/torchrun:mlp:adamw-warmup-cosine",
     "fsdp/torchrun:mlp:sgd-accum2-clip-lrscale",
     "fsdp-tp2/torchrun:mlp:sgd-accum2-clip-lrscale",
+    "fsdp-vs-zero3:mlp:sgd-accum2-clip-lrscale",
     "horovod/mpirun:mlp:adamw-warmup-cosine",
     "zero1/deepspeed:mlp:sgd-logwarmup-linear",
     "zero3-offload/deepspeed:mlp:adamw-warmup-cosine",

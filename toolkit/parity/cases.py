@@ -22,7 +22,7 @@ max |loss - loss_ref| / |loss_ref| per step:
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from toolkit import engines
@@ -195,6 +195,8 @@ class Case:
     """Spec for the reference run when it must differ (only to prove the check can fail)."""
     compare_to: str | None = None
     """For the cross-framework case: the reference framework to compare against instead."""
+    against: dict[str, Any] | None = None
+    """For an engine-against-engine case: the other engine's spec, whose run is the reference."""
 
     @property
     def tolerance(self) -> float:
@@ -239,6 +241,26 @@ def _case(engine_key: str, recipe: str, arch: str = "mlp", precision: str = "fp3
     return Case(name, engine_key, arch, precision, spec, reference_framework=framework_of(spec))
 
 
+def _engine_against_engine(
+    engine_key: str, other_key: str, recipe: str, precision: str = "fp32"
+) -> Case:
+    """`engine_key`'s run of a recipe against `other_key`'s run of the same recipe (FSDP against
+    ZeRO-3: the two shardings of one model, compared directly, not through the reference); the
+    runs are the ones the two engines' own cases launch."""
+    case, other = (
+        _case(engine_key, recipe, precision=precision),
+        _case(other_key, recipe, precision=precision),
+    )
+    mine, theirs = engine_key.split("/")[0], other_key.split("/")[0]
+    suffix = "" if precision == "fp32" else f":{precision}"
+    return replace(
+        case,
+        name=f"{mine}-vs-{theirs}:{case.arch}:{recipe}{suffix}",
+        engine=f"{mine} vs {theirs}",
+        against=other.spec,
+    )
+
+
 def all_cases() -> list[Case]:
     cases = [_case(key, recipe) for key, engine in ENGINES.items() for recipe in engine.recipes]
     cases += [
@@ -268,6 +290,12 @@ def all_cases() -> list[Case]:
             "pipeline2/deepspeed",
             "tf-multiworker/local",
         )
+    ]
+    cases += [
+        _engine_against_engine("fsdp/torchrun", "zero3/deepspeed", "sgd-accum2-clip-lrscale"),
+        _engine_against_engine(
+            "fsdp/torchrun", "zero3/deepspeed", "sgd-accum2-clip-lrscale", precision="bf16"
+        ),
     ]
     cross = merge(BASE, ADAMW_PLAIN, {"backend": "tf", "launch": {"np": 1, "launcher": "local"}})
     scheduled = merge(

@@ -161,12 +161,16 @@ class Harness:
 
     def run_case(self, case: Case) -> Outcome:
         try:
-            reference_data = merge(case.spec, case.reference_spec)
-            reference = self.reference(case.reference_framework, case.arch, reference_data)
-            if case.compare_to:
-                run = self.reference(case.compare_to, case.arch, reference_data)
+            if case.against is not None:
+                reference = self._engine_run(case.against, case.arch)
+                run = self._engine_run(case.spec, case.arch)
             else:
-                run = self._run_engine(case)
+                reference_data = merge(case.spec, case.reference_spec)
+                reference = self.reference(case.reference_framework, case.arch, reference_data)
+                if case.compare_to:
+                    run = self.reference(case.compare_to, case.arch, reference_data)
+                else:
+                    run = self._engine_run(case.spec, case.arch)
         except RuntimeError as error:
             return Outcome(case, "error", error=str(error))
         outcome = Outcome(
@@ -182,21 +186,22 @@ class Harness:
             outcome.status = "pass"
         return outcome
 
-    def _run_engine(self, case: Case) -> RunFiles:
-        key = json.dumps([case.spec, case.arch, self.steps], sort_keys=True)
+    def _engine_run(self, data: dict[str, Any], arch: str) -> RunFiles:
+        """An engine's run of spec `data`, launched once and reused by every case naming it."""
+        key = json.dumps([data, arch, self.steps], sort_keys=True)
         if key not in self.engine_runs:
             directory = self.work_dir / f"case{next(self._launches):02d}"
-            self.engine_runs[key] = self._launch_engine(case, directory)
+            self.engine_runs[key] = self._launch_engine(data, arch, directory)
         return read_run(self.engine_runs[key])
 
-    def _launch_engine(self, case: Case, directory: Path) -> Path:
+    def _launch_engine(self, data: dict[str, Any], arch: str, directory: Path) -> Path:
         spec_file = directory / "spec.json"
         # Fresh ports per case: back-to-back jobs on fixed ports can meet a socket of the last.
-        ranks = TrainSpec.from_dict(case.spec).world_size
+        ranks = TrainSpec.from_dict(data).world_size
         ports = {"launch": {"master_port": free_port()}, "tf": {"port": free_port_range(ranks)}}
-        spec = self._write_spec(merge(case.spec, ports), spec_file)
+        spec = self._write_spec(merge(data, ports), spec_file)
         out = directory / "run"
-        plan = launch_plan_here(spec, self._worker_args(spec_file, case.arch, out))
+        plan = launch_plan_here(spec, self._worker_args(spec_file, arch, out))
         result = execute(plan, spec, timeout=CASE_TIMEOUT_S, echo=False)
         if not result.ok:
             raise RuntimeError(result.report())

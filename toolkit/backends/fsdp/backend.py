@@ -23,8 +23,7 @@ reduce-scatters its gradients; the optimizer steps on this rank's fp32 shards (D
 
 from __future__ import annotations
 
-import fnmatch
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from contextlib import nullcontext
 from typing import Any
 
@@ -45,17 +44,13 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    ParallelStyle,
-    RowwiseParallel,
-    parallelize_module,
-)
+from torch.distributed.tensor.parallel import parallelize_module
 
 from toolkit.backends import torch_batches as batches
 from toolkit.backends import torch_common as common
 from toolkit.backends import torch_device, torch_state
 from toolkit.backends.base import Backend, LossFn, MetricFn, MicroBatch, StateShare
+from toolkit.backends.fsdp.tensor import tensor_plan
 from toolkit.backends.torch_data import TorchData
 from toolkit.checkpoint import CheckpointState
 from toolkit.errors import ToolkitError
@@ -231,40 +226,6 @@ def units_of(module: torch.nn.Module, names: Sequence[str]) -> list[torch.nn.Mod
     if isinstance(module, torch.nn.Sequential):
         return [child for child in module.children() if any(True for _ in child.parameters())]
     return []
-
-
-STYLES: dict[str, Callable[[], ParallelStyle]] = {
-    "colwise": ColwiseParallel,
-    "rowwise": RowwiseParallel,
-}
-
-
-def tensor_plan(module: torch.nn.Module, written: Mapping[str, str]) -> dict[str, ParallelStyle]:
-    """parallelize_module's plan: the spec's `parallel.tensor_plan`, else the model's own (a
-    Hugging Face model's `_tp_plan`); every pattern must name a module, and every style be one
-    the toolkit maps."""
-    plan = dict(written) or dict(getattr(module, "_tp_plan", None) or {})
-    if not plan:
-        raise ToolkitError(
-            "parallel.tensor > 1, but parallel.tensor_plan is empty and the model has no "
-            "tensor-parallel plan of its own (a Hugging Face model's _tp_plan)",
-            'give parallel.tensor_plan, e.g. {"layers.*.mlp.up_proj": colwise, '
-            '"layers.*.mlp.down_proj": rowwise}',
-        )
-    names = [name for name, _ in module.named_modules() if name]
-    for pattern, style in plan.items():
-        if style not in STYLES:
-            raise ToolkitError(
-                f"the tensor-parallel plan's {pattern!r}: {style!r} is not a style the toolkit "
-                f"runs ({', '.join(STYLES)})",
-                "write parallel.tensor_plan with colwise and rowwise modules only",
-            )
-        if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
-            raise ToolkitError(
-                f"the tensor-parallel plan's {pattern!r} names no module of the model",
-                f"name modules it has: {', '.join(names[:8])}",
-            )
-    return {pattern: STYLES[style]() for pattern, style in plan.items()}
 
 
 def clip_sharded(parameters: Sequence[torch.nn.Parameter], max_norm: float) -> None:
