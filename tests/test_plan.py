@@ -325,3 +325,25 @@ def test_plan_cli_bad_model_is_one_line(tmp_path: Path, capsys: pytest.CaptureFi
     error = capsys.readouterr().err.strip()
     assert error.startswith("toolkit: error: --model='no_such_module_here:build'")
     assert len(error.splitlines()) == 1
+
+
+def test_tensor_parallel_rows_split_the_planned_layers_before_fsdp_shards() -> None:
+    named = (("0", 8 * 16 + 16), ("1", 0), ("2", 16 * 4 + 4))
+    facts = ModelFacts(
+        parameters=212, largest_layer=144, layer_parameters=(144, 0, 68), named_layers=named
+    )
+    spec = TrainSpec.from_dict(
+        {
+            "backend": "fsdp",
+            "batch": {"global": 8},
+            "parallel": {"tensor": 2, "tensor_plan": {"0": "colwise"}},
+            "launch": {"np": 4},
+        }
+    )
+    (row, offloaded) = [r for r in plan_rows(spec, facts, 4) if r.name.startswith("fsdp")]
+    assert (row.name, offloaded.name) == ("fsdp+torch tensor 2", "fsdp+torch tensor 2 offload cpu")
+    held = 68 + 144 // 2  # the unplanned layer whole, half of the planned one
+    assert row.memory.device["parameters"] == 4.0 * held / 2  # sharded over data 2
+    assert "tensor 2: 144 planned parameters split" in row.note
+    assert facts.planned_parameters({"*": "colwise"}) == 212
+    assert from_params(212).planned_parameters({"0": "colwise"}) == 0

@@ -10,8 +10,9 @@ output size, which is the activation memory kept for backward to first order.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from typing import Any
 
 from toolkit.errors import ToolkitError
@@ -29,7 +30,22 @@ class ModelFacts:
     """Each leaf module's output elements for one sample, in forward order (empty = unknown)."""
     input_elements: int = 0
     """Elements of one input sample (0 = unknown)."""
+    named_layers: tuple[tuple[str, int], ...] = ()
+    """Each leaf module's dotted name and own parameters (empty when unknown)."""
+    own_tensor_plan: Mapping[str, str] = field(default_factory=dict)
+    """The model's own tensor-parallel plan (a Hugging Face model's `_tp_plan`)."""
     source: str = ""
+
+    def planned_parameters(self, tensor_plan: Mapping[str, str]) -> int:
+        """Parameters of the layers a tensor-parallel plan splits (the spec's, else the
+        model's own): the leaves its patterns name, or that lie inside a module they name;
+        0 when the layers are unknown."""
+        patterns = list(tensor_plan or self.own_tensor_plan)
+        return sum(
+            count
+            for name, count in self.named_layers
+            if any(fnmatchcase(name, p) or fnmatchcase(name, f"{p}.*") for p in patterns)
+        )
 
     @property
     def first_layer(self) -> int | None:
@@ -92,7 +108,8 @@ def from_factory(target: str, input_shape: Sequence[int] | None = None) -> Model
             f"--model={target!r} returned {type(model).__name__}, not a torch.nn.Module",
             "plan a Keras model with --params N (its model.count_params())",
         )
-    leaves = [m for m in model.modules() if not list(m.children())]
+    named = [(name, m) for name, m in model.named_modules() if not list(m.children())]
+    leaves = [m for _, m in named]
     layer_parameters = tuple(
         sum(p.numel() for p in leaf.parameters(recurse=False)) for leaf in leaves
     )
@@ -107,6 +124,10 @@ def from_factory(target: str, input_shape: Sequence[int] | None = None) -> Model
         layer_parameters=layer_parameters,
         layer_activations=activations,
         input_elements=_product(shape) if shape else 0,
+        named_layers=tuple(
+            (name, count) for (name, _), count in zip(named, layer_parameters, strict=True)
+        ),
+        own_tensor_plan=dict(getattr(model, "_tp_plan", None) or {}),
         source=f"--model {target}",
     )
 

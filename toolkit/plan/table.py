@@ -70,23 +70,34 @@ def ddp_rows(s: Setting) -> list[PlanRow]:
 
 
 def fsdp_rows(s: Setting) -> list[PlanRow]:
-    """FSDP2 over its shard groups (parallel.replicate of them), with and without CPU offload."""
-    p = s.facts.parameters
-    shard = max(s.ranks // s.spec.parallel.replicate, 1)
+    """FSDP2 over its shard groups (parallel.replicate of them), with and without CPU offload.
+    With tensor parallelism the planned layers are split over the tensor-parallel group first,
+    and FSDP shards what each rank holds over `parallel.shard` ranks."""
+    layout = s.spec.layout_for(s.ranks)
+    planned = s.facts.planned_parameters(s.spec.parallel.tensor_plan) if layout.tensor > 1 else 0
+    held = s.facts.parameters - planned + math.ceil(planned / layout.tensor)
+    notes = [] if s.facts.largest_layer_known else ["largest layer = model"]
+    if layout.tensor > 1 and not s.facts.named_layers:
+        notes.append(f"tensor {layout.tensor}: layers unknown, nothing split")
+    elif layout.tensor > 1:
+        notes.append(f"tensor {layout.tensor}: {planned} planned parameters split")
+        notes.append("its activation all-reduces not counted")
     rows = []
     for offload in (False, True):
         memory = mem.fsdp(
             s.spec,
-            parameters=p,
+            parameters=held,
             largest_layer=s.facts.largest_layer,
-            shard=shard,
+            shard=layout.shard,
             activations=s.activations(),
             offload=offload,
         )
-        sent = comm.fsdp_bytes(s.spec, parameters=p, shard=shard, micro_batches=s.micro_batches)
-        note = "" if s.facts.largest_layer_known else "largest layer = model"
-        name = "fsdp+torch" + (" offload cpu" if offload else "")
-        rows.append(PlanRow(name, memory, sent, note=note))
+        sent = comm.fsdp_bytes(
+            s.spec, parameters=held, shard=layout.shard, micro_batches=s.micro_batches
+        )
+        name = "fsdp+torch" + (f" tensor {layout.tensor}" if layout.tensor > 1 else "")
+        name += " offload cpu" if offload else ""
+        rows.append(PlanRow(name, memory, sent, note="; ".join(notes)))
     return rows
 
 
