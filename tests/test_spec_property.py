@@ -217,7 +217,10 @@ GENERATED = st.fixed_dictionaries(
                 "nvme_path": st.just("/nvme"),
             },
         ),
-        "parallel": st.fixed_dictionaries({"pipeline": st.integers(1, 4)}),
+        "parallel": st.fixed_dictionaries(
+            {"pipeline": st.integers(1, 4)},
+            optional={name: st.integers(1, 4) for name in ("data", "tensor", "replicate", "shard")},
+        ),
         "horovod": st.fixed_dictionaries({"controller": st.sampled_from(["gloo", "mpi"])}),
         "launch": st.fixed_dictionaries(
             {"hosts": HOSTS},

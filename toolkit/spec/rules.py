@@ -284,20 +284,18 @@ def layout_issues(parallel: ParallelSpec, backend: str, zero: ZeroSpec) -> Itera
             f"the pipeline engine runs ZeRO stages 0 to {top} only",
             f"set zero.stage: {top}, or parallel.pipeline: 1",
         )
-    if parallel.tensor > 1 and parallel.pipeline > 1:
-        yield _issue(
-            "parallel.tensor",
-            parallel.tensor,
-            "1 beside parallel.pipeline > 1: no engine here runs both",
-            "use one of the two",
-        )
-    if parallel.tensor > 1 and parallel.replicate > 1:
-        yield _issue(
-            "parallel.replicate",
-            parallel.replicate,
-            "1 with parallel.tensor > 1: HSDP beside tensor parallelism is not run here",
-            "use parallel.replicate: 1 (FSDP over the data-parallel ranks) or parallel.tensor: 1",
-        )
+    apart = (
+        ("tensor", "pipeline", "no engine here runs both"),
+        ("replicate", "tensor", "HSDP beside tensor parallelism is not run here"),
+    )
+    for refused, beside, why in apart:
+        if getattr(parallel, refused) > 1 and getattr(parallel, beside) > 1:
+            yield _issue(
+                f"parallel.{refused}",
+                getattr(parallel, refused),
+                f"1 with parallel.{beside} > 1: {why}",
+                f"set parallel.{refused}: 1 or parallel.{beside}: 1",
+            )
 
 
 def fsdp_issues(fsdp: FsdpSpec, backend: str, precision: str, device: str) -> Iterator[SpecIssue]:
