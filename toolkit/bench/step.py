@@ -22,6 +22,8 @@ from toolkit.bench.launching import measure
 from toolkit.parity.cases import merge
 from toolkit.ports import free_port, free_port_range
 from toolkit.spec import TrainSpec
+from toolkit.spec.layout import resolve_layout
+from toolkit.spec.sections import ParallelSpec
 
 KINDS = ("native", "toolkit")
 
@@ -58,7 +60,7 @@ def case_spec(base: TrainSpec, case: StepCase) -> TrainSpec:
     """The user's spec with the case's engine and launcher (none for the user's own case) and
     the workload both sides run (toolkit.bench.workload), on free ports."""
     data = merge(base.to_dict(), case.spec)
-    data_parallel = case.workload.ranks // data["parallel"]["pipeline"]
+    data_parallel = resolve_layout(ParallelSpec(**data["parallel"]), case.workload.ranks).data
     data = merge(data, case.workload.spec_fields(data_parallel))
     data["launch"]["master_port"] = free_port()
     data["tf"]["port"] = free_port_range(case.workload.ranks)

@@ -168,7 +168,8 @@ def run(args: argparse.Namespace) -> int:
     plan = launch_plan_here(spec, args.command)
     if args.dry_run:
         device = device_summary(spec, here)
-        layout = spec.layout_for(len(plan.ranks)).describe()
+        ranks = len(plan.ranks)  # MirroredStrategy's replicas count, as in the batch contract
+        layout = spec.layout_for(ranks * spec.replicas_per_process(ranks)).describe()
         if args.json:
             described = {**dataclasses.asdict(plan), "device": device, "layout": layout}
             print(json.dumps(described, indent=2))

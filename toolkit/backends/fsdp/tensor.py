@@ -38,16 +38,32 @@ def stores_weight_transposed(module: torch.nn.Module) -> bool:
     )
 
 
-def _distribute(
-    module: torch.nn.Module, mesh: DeviceMesh, weight: Placement, bias: Placement
-) -> None:
-    for name, placement in (("weight", weight), ("bias", bias)):
-        parameter = getattr(module, name, None)
-        if parameter is not None:
-            distributed = distribute_tensor(parameter, mesh, [placement])
-            module.register_parameter(
-                name, torch.nn.Parameter(distributed, requires_grad=parameter.requires_grad)
-            )
+def _distribute_transposed(
+    style: ColwiseParallel | RowwiseParallel,
+    module: torch.nn.Module,
+    mesh: DeviceMesh,
+    weight: Placement,
+    bias: Placement,
+) -> torch.nn.Module:
+    """`distribute_module` as torch's style does it, with a transposed-weight layer's weight
+    and bias placed as given."""
+
+    def place(_name: str, part: torch.nn.Module, on: DeviceMesh) -> None:
+        for name, placement in (("weight", weight), ("bias", bias)):
+            parameter = getattr(part, name, None)
+            if parameter is not None:
+                distributed = distribute_tensor(parameter, on, [placement])
+                part.register_parameter(
+                    name, torch.nn.Parameter(distributed, requires_grad=parameter.requires_grad)
+                )
+
+    return distribute_module(
+        module,
+        mesh,
+        place,
+        partial(style._prepare_input_fn, style.input_layouts, style.desired_input_layouts),
+        partial(style._prepare_output_fn, style.output_layouts, style.use_local_output),
+    )
 
 
 class Colwise(ColwiseParallel):
@@ -57,13 +73,7 @@ class Colwise(ColwiseParallel):
     def _apply(self, module: torch.nn.Module, device_mesh: DeviceMesh) -> torch.nn.Module:
         if not stores_weight_transposed(module):
             return super()._apply(module, device_mesh)
-        return distribute_module(
-            module,
-            device_mesh,
-            lambda _name, part, mesh: _distribute(part, mesh, Shard(1), Shard(0)),
-            partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
-            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
-        )
+        return _distribute_transposed(self, module, device_mesh, Shard(1), Shard(0))
 
 
 class Rowwise(RowwiseParallel):
@@ -74,13 +84,7 @@ class Rowwise(RowwiseParallel):
         if not stores_weight_transposed(module):
             return super()._apply(module, device_mesh)
         self.desired_input_layouts = (Shard(-1),)  # as torch's row style for nn.Linear
-        return distribute_module(
-            module,
-            device_mesh,
-            lambda _name, part, mesh: _distribute(part, mesh, Shard(0), Replicate()),
-            partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
-            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
-        )
+        return _distribute_transposed(self, module, device_mesh, Shard(0), Replicate())
 
 
 STYLES: dict[str, type[ParallelStyle]] = {"colwise": Colwise, "rowwise": Rowwise}
