@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 
 from toolkit.checkpoint import CheckpointState, Origin, write_checkpoint
+from toolkit.errors import ToolkitError
 from toolkit.runtime.resume import (
     DataPosition,
+    announce,
     checkpoint_to_resume,
     host_rng_arrays,
     restore_host_rng,
@@ -59,15 +61,61 @@ def test_periodic_saves_need_a_directory() -> None:
         spec(every_steps=10)
 
 
-def test_resume_takes_latest_unless_told_not_to(tmp_path: Path) -> None:
-    assert checkpoint_to_resume(spec()) is None  # no dir: nothing is resumed
-    assert checkpoint_to_resume(spec(dir=str(tmp_path))) is None  # empty dir: a fresh start
-    for step in (3, 6):
+def saved(root: Path, *steps: int) -> None:
+    for step in steps:
         write_checkpoint(
-            tmp_path,
-            CheckpointState(step=step, model={"w": np.zeros(2, dtype=np.float32)}),
+            root,
+            CheckpointState(step=step, model={"w": np.full(64, step, dtype=np.float32)}),
             origin=Origin(backend="ddp", framework="torch", world_size=2),
         )
+
+
+def test_resume_takes_latest_unless_told_not_to(tmp_path: Path) -> None:
+    assert checkpoint_to_resume(spec()).checkpoint is None  # no dir: nothing is resumed
+    # An empty dir: a fresh start.
+    assert checkpoint_to_resume(spec(dir=str(tmp_path))).checkpoint is None
+    saved(tmp_path, 3, 6)
     found = checkpoint_to_resume(spec(dir=str(tmp_path)))
-    assert found is not None and found.step == 6
-    assert checkpoint_to_resume(spec(dir=str(tmp_path), resume="never")) is None
+    assert found.checkpoint is not None and found.checkpoint.step == 6
+    assert found.passed_over == ()
+    assert checkpoint_to_resume(spec(dir=str(tmp_path), resume="never")).checkpoint is None
+
+
+def test_a_damaged_latest_falls_back_to_the_newest_that_verifies(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved(tmp_path, 3, 6, 9)
+    model = tmp_path / "step-000009" / "model.safetensors"
+    model.write_bytes(model.read_bytes()[:-8])  # truncated: the manifest still lists it whole
+    flipped = tmp_path / "step-000006" / "model.safetensors"
+    data = bytearray(flipped.read_bytes())
+    data[-1] ^= 0xFF  # one byte changed, the size unchanged
+    flipped.write_bytes(bytes(data))
+    found = checkpoint_to_resume(spec(dir=str(tmp_path)))
+    assert found.checkpoint is not None and found.checkpoint.step == 3
+    assert [step for step, _ in found.passed_over] == ["step-000009", "step-000006"]
+    assert "truncated" in found.passed_over[0][1]
+    assert "checksum mismatch" in found.passed_over[1][1]
+    announce(found)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("toolkit: not resuming from step-000009: ")
+    assert lines[1].startswith("toolkit: not resuming from step-000006: ")
+    assert lines[2].startswith(f"toolkit: resuming from {tmp_path / 'step-000003'} at step 3")
+
+
+def test_a_pointer_to_a_missing_step_falls_back_and_newer_steps_are_not_taken(
+    tmp_path: Path,
+) -> None:
+    saved(tmp_path, 3, 6)
+    (tmp_path / "latest").write_text("step-000005\n")  # names a step that is gone
+    found = checkpoint_to_resume(spec(dir=str(tmp_path)))
+    assert found.checkpoint is not None and found.checkpoint.step == 3  # 6 is past the pointer
+    assert found.passed_over[0][0] == "step-000005"
+    assert "does not exist" in found.passed_over[0][1]
+
+
+def test_when_no_checkpoint_verifies_the_resume_is_refused(tmp_path: Path) -> None:
+    saved(tmp_path, 3)
+    (tmp_path / "step-000003" / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ToolkitError, match=r"no checkpoint there verifies \(step-000003: "):
+        checkpoint_to_resume(spec(dir=str(tmp_path)))

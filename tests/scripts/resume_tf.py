@@ -6,7 +6,8 @@
 
 The TensorFlow twin of resume_torch.py (same data, same loop): with checkpoint.dir and
 every_steps in the spec, the run saves periodically and a new launch resumes from the latest
-checkpoint by itself. --stop-at ends the run after that step, as a job that is stopped would.
+checkpoint by itself. --stop-at ends the run after that step, as a job that is stopped
+would; --kill-at and --kill-once crash rank 1 once (crash_once.py).
 Rank 0 writes the final full weights to --out (.npz, Keras paths with "/" as "."), and every
 rank prints one JSON line (rank, step, the step it resumed from).
 """
@@ -21,6 +22,7 @@ import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import crash_once  # beside this script
 import keras
 
 import toolkit
@@ -55,6 +57,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--stop-at", type=int, default=0)
     parser.add_argument("--out")
+    crash_once.add_arguments(parser)
     args = parser.parse_args()
     spec = toolkit.load_spec(args.spec)
     run = toolkit.init(spec)
@@ -66,6 +69,7 @@ def main() -> int:
         if run.step >= args.steps:
             break
         run.train_step(micro_batches, loss_fn)
+        crash_once.maybe_crash(args, run.rank, run.step)
         if run.step == args.stop_at:
             break
     weights = run.full_state_dict()

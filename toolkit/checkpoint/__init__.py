@@ -33,9 +33,13 @@ writes are each one ToolkitError naming the file):
                                             data.size) of the flattened tensor of `shape`
 
     latest(DIR) -> Path | None                                         newest complete step
+    newest_verified(DIR) -> Newest(checkpoint, passed_over)            latest, or the newest
+                                            older one whose every file verifies; why the
+                                            newer ones were passed over
     refuse_used_target(DIR)                 an import's target must hold no checkpoint yet
     open_checkpoint(DIR or DIR/step-N) -> Checkpoint                   manifest verified;
-        .manifest, .step, .names(section), .tensors(section, names=None), .state()
+        .manifest, .step, .names(section), .tensors(section, names=None), .state(),
+        .verify()                           every file's size and sha256, keeping nothing
     read_checkpoint(DIR or DIR/step-N) -> CheckpointState              all of it
 
 `run.save(dir)` / `run.load(dir)` write and read this format for every engine (the engines'
@@ -48,7 +52,9 @@ from toolkit.checkpoint.legacy import load_weights, save_weights
 from toolkit.checkpoint.manifest import FORMAT_VERSION, SECTIONS, Manifest, Origin
 from toolkit.checkpoint.read import (
     Checkpoint,
+    Newest,
     latest,
+    newest_verified,
     open_checkpoint,
     read_checkpoint,
     refuse_used_target,
@@ -63,12 +69,14 @@ __all__ = [
     "CheckpointState",
     "Fragment",
     "Manifest",
+    "Newest",
     "Origin",
     "PendingSave",
     "begin_save",
     "commit_save",
     "latest",
     "load_weights",
+    "newest_verified",
     "open_checkpoint",
     "optimizer_key",
     "read_checkpoint",

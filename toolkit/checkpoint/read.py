@@ -27,7 +27,13 @@ from toolkit.checkpoint.manifest import (
     parse_manifest,
 )
 from toolkit.checkpoint.state import CheckpointState
-from toolkit.checkpoint.tensorfile import DTYPES, TensorEntry, parse_tensors, read_verified
+from toolkit.checkpoint.tensorfile import (
+    DTYPES,
+    TensorEntry,
+    parse_tensors,
+    read_verified,
+    verify_file,
+)
 from toolkit.errors import ToolkitError
 
 _HINT = "pass a checkpoint directory (DIR, which holds step-N directories, or DIR/step-N)"
@@ -101,6 +107,12 @@ class Checkpoint:
                 raise ToolkitError(f"{where}: tensor {name!r} differs from its manifest entry")
         return arrays
 
+    def verify(self) -> None:
+        """Check every file's size and checksum against the manifest, keeping nothing: a
+        ToolkitError naming the first file that differs."""
+        for record in self.manifest.files:
+            verify_file(self.path / record.path, size=record.bytes, sha256=record.sha256)
+
     def state(self) -> CheckpointState:
         """Everything, as one `CheckpointState`."""
         return CheckpointState(
@@ -111,6 +123,49 @@ class Checkpoint:
             arrays=self.tensors("arrays"),
             extras=self.manifest.extras,
         )
+
+
+@dataclass(frozen=True)
+class Newest:
+    """The newest checkpoint of a directory that verifies whole, and the newer ones passed
+    over because they did not, each with why."""
+
+    checkpoint: Checkpoint | None
+    passed_over: tuple[tuple[str, str], ...] = ()
+    """(step directory name, the first thing that failed in it), newest first."""
+
+
+def newest_verified(root: str | os.PathLike[str]) -> Newest:
+    """The checkpoint `root/latest` names if every file of it verifies, else the newest older
+    committed one that does (a save killed or a disk that lost a file must not stop every
+    later resume); without a pointer, the newest committed one that verifies. When checkpoints
+    exist and none verifies, a ToolkitError listing each."""
+    root = Path(root)
+    name = layout.read_pointer(root)
+    steps = layout.committed(root)
+    candidates = sorted(steps.items(), reverse=True)
+    passed: list[tuple[str, str]] = []
+    if name is not None:
+        pointed = layout.parse_step(name)
+        assert pointed is not None  # read_pointer refuses anything else
+        if pointed not in steps:
+            passed.append((name, f"{root / layout.LATEST} names it, but it does not exist"))
+        candidates = [(step, path) for step, path in candidates if step <= pointed]
+    for _, path in candidates:
+        try:
+            found = open_checkpoint(path)
+            found.verify()
+        except ToolkitError as error:
+            passed.append((path.name, error.message))
+            continue
+        return Newest(found, tuple(passed))
+    if passed:
+        listed = "; ".join(f"{step}: {why}" for step, why in passed)
+        raise ToolkitError(
+            f"{root}: no checkpoint there verifies ({listed})",
+            "move the damaged step directories away, or set checkpoint.resume: never",
+        )
+    return Newest(None)
 
 
 def refuse_used_target(target: str | os.PathLike[str]) -> None:

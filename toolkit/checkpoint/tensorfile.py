@@ -2,9 +2,10 @@
 
 The toolkit adds what a checkpoint needs around the library's format: every file's size and
 sha256 for the manifest, computed as it is written and checked before it is parsed
-(`read_verified`), the one dtype table the manifest validates against, and names as data: the
-one key the format reserves (`__metadata__`) cannot name a tensor in a file, so `escape_name`
-maps it (and anything that looks escaped) to a distinct key and `unescape_name` maps it back.
+(`read_verified`; `verify_file` checks without keeping), the one dtype table the manifest
+validates against, and names as data: the one key the format reserves (`__metadata__`) cannot
+name a tensor in a file, so `escape_name` maps it (and anything that looks escaped) to a
+distinct key and `unescape_name` maps it back.
 """
 
 from __future__ import annotations
@@ -121,6 +122,20 @@ def write_tensors(
 
 def read_verified(path: Path, *, size: int, sha256: str) -> np.ndarray:
     """The whole file, refused unless it has exactly `size` bytes whose sha256 is `sha256`."""
+    buffer = np.empty(size, dtype=np.uint8)  # unlike bytearray(size), not zeroed first
+    _read_checked(path, size, sha256, buffer, keep=True)
+    return buffer
+
+
+def verify_file(path: Path, *, size: int, sha256: str) -> None:
+    """Refuse the file unless it has exactly `size` bytes whose sha256 is `sha256`; it is read
+    in chunks and nothing is kept (a resume checks a whole checkpoint this way)."""
+    _read_checked(path, size, sha256, np.empty(min(size, _READ_CHUNK), dtype=np.uint8), keep=False)
+
+
+def _read_checked(path: Path, size: int, sha256: str, buffer: np.ndarray, *, keep: bool) -> None:
+    """Read `path` into `buffer` (whole when `keep`, else chunk after chunk into its start),
+    hashing as it goes, and refuse a size or checksum that differs from the manifest's."""
     try:
         with open(path, "rb") as stream:
             actual = _file_size(stream)
@@ -129,15 +144,15 @@ def read_verified(path: Path, *, size: int, sha256: str) -> np.ndarray:
                     f"{path}: has {actual} bytes, its manifest says {size} (truncated or replaced)",
                     "the checkpoint is damaged: load an older one",
                 )
-            buffer = np.empty(size, dtype=np.uint8)  # unlike bytearray(size), not zeroed first
             view = buffer.data
             digest = hashlib.sha256()
             done = 0
             while done < size:
-                count = stream.readinto(view[done : done + _READ_CHUNK])
+                start = done if keep else 0
+                count = stream.readinto(view[start : start + min(_READ_CHUNK, size - done)])
                 if not count:
                     raise ToolkitError(f"{path}: ended after {done} of {size} bytes")
-                digest.update(view[done : done + count])
+                digest.update(view[start : start + count])
                 done += count
     except OSError as error:
         raise ToolkitError(f"{path}: cannot be read ({error.strerror or error})") from None
@@ -146,7 +161,6 @@ def read_verified(path: Path, *, size: int, sha256: str) -> np.ndarray:
             f"{path}: checksum mismatch (sha256 {digest.hexdigest()}, manifest says {sha256})",
             "the file is corrupted: load an older checkpoint",
         )
-    return buffer
 
 
 def _file_size(stream: BinaryIO) -> int:

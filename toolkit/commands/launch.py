@@ -30,12 +30,14 @@ from typing import Any
 
 from toolkit import engines
 from toolkit.backends.registry import check_launcher
+from toolkit.checkpoint import newest_verified
 from toolkit.commands._output import add_spec
 from toolkit.device import Device, check_gpus_for_ranks, resolve_device
 from toolkit.errors import ToolkitError
 from toolkit.gpu_facts import visible_gpus
 from toolkit.launch.heartbeat import INTERVAL
 from toolkit.launch.outcome import EXIT_STATUS_HELP
+from toolkit.launch.restarts import with_restarts
 from toolkit.launch.runner import execute, launch_plan_here
 from toolkit.launch.slurm import allocation_tasks
 from toolkit.launch.supervisor import DEFAULT_STALL_SECONDS
@@ -157,6 +159,19 @@ def naming_its_file(spec: TrainSpec, path: str) -> TrainSpec:
     return TrainSpec.from_dict(data)
 
 
+def resume_point(directory: str | None) -> str:
+    """Where a restarted job continues, as its ranks will find it (toolkit.runtime.resume)."""
+    if directory is None:
+        return "step 0 (no checkpoint.dir)"
+    try:
+        newest = newest_verified(directory)
+    except ToolkitError as error:
+        return f"nowhere: {error.message}"
+    if newest.checkpoint is None:
+        return f"step 0 (no checkpoint in {directory} yet)"
+    return f"step {newest.checkpoint.step} ({newest.checkpoint.path})"
+
+
 def run(args: argparse.Namespace) -> int:
     timeout = seconds("--timeout", args.timeout)
     # Ranks beat once a second: a shorter stall timeout would stop healthy jobs.
@@ -178,7 +193,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if stall_timeout is None:
         stall_timeout = spec.timeouts.stall_s
-    result = execute(plan, spec, timeout=timeout, stall_timeout=stall_timeout)
+    result = with_restarts(
+        lambda: execute(plan, spec, timeout=timeout, stall_timeout=stall_timeout),
+        spec.launch.max_restarts,
+        lambda: resume_point(spec.checkpoint.dir),
+    )
     if not result.ok:
         print(f"toolkit launch: {result.report()}", file=sys.stderr)
     return result.returncode

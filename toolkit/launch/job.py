@@ -74,6 +74,8 @@ class _Ending:
     host: str | None = None
     launcher_failed: int | None = None
     """The launcher's own status when it exited non-zero: the culprit is looked up later."""
+    by_request: bool = False
+    """Ctrl-C or --timeout ended it, not a fault."""
 
 
 class Job:
@@ -215,11 +217,12 @@ class Job:
             if ending is not None:
                 return self._with_silent_ranks(ending)
             if signal.SIGINT in received:
-                return _Ending(INTERRUPTED, "interrupted; stopped every rank")
+                return _Ending(INTERRUPTED, "interrupted; stopped every rank", by_request=True)
             if signal.SIGTERM in received:
                 return _Ending(SIGNAL_BASE + signal.SIGTERM, "the supervisor got SIGTERM")
             if deadline is not None and time.monotonic() > deadline:
-                return _Ending(TIMED_OUT, f"timed out after {self.timeout:g} s")
+                reason = f"timed out after {self.timeout:g} s"
+                return _Ending(TIMED_OUT, reason, by_request=True)
 
     def _children_ending(self) -> _Ending | None:
         """The first child that failed, or a clean end once every child (every launcher, on
@@ -345,13 +348,20 @@ class Job:
                 returncode = exit_code(status)
                 reason = f"{self._named(failed)} {describe_status(status)}; {reason}"
         local = self.children[0].rank is not None
+        asked = ending.by_request
         if local:
             culprit = next((c for c in self.children if c.rank == rank), None)
             tail = tuple(culprit.tail) if culprit else ()
-            return LaunchResult(returncode, rank, host, reason, tail)
+            return LaunchResult(returncode, rank, host, reason, tail, by_request=asked)
         tails = self.tails
         return LaunchResult(
-            returncode, rank, host, reason, tails.of_rank(rank), tails.of_launcher()
+            returncode,
+            rank,
+            host,
+            reason,
+            tails.of_rank(rank),
+            tails.of_launcher(),
+            by_request=asked,
         )
 
     def _host(self, record: RankRecord) -> str:

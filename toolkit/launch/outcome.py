@@ -89,6 +89,9 @@ class LaunchResult:
     launcher_tail: tuple[str, ...] = ()
     """The launcher's own last lines of output (stdout and stderr, without the ranks' tagged
     lines): the launchers report a failed rank in words of their own."""
+    by_request: bool = False
+    """The job was stopped because it was asked to be (Ctrl-C, --timeout), not by a fault:
+    such an end is never restarted (toolkit.launch.restarts)."""
 
     @property
     def ok(self) -> bool:

@@ -1,8 +1,9 @@
 """What the runtime adds to a checkpoint beside the engine's state, and how a run resumes.
 
 Automatic resume is decided in `toolkit.init` and applied in `run.prepare`: `init` finds the
-checkpoint (`checkpoint.dir` set, `resume: auto`, a complete `latest` there), verifies its
-manifest and says so on rank 0, before anything trains; the state itself can only be put
+checkpoint (`checkpoint.dir` set, `resume: auto`: `latest` there, or the newest older one
+when `latest` does not verify), verifies every file of it and says so on rank 0, before
+anything trains; the state itself can only be put
 back once the engine has built the model and optimizer, so `prepare` restores weights,
 optimizer state, schedule position, loss scaler and random generators right after wrapping
 the model. Restoring the generators last, after the engine's own set-up, is what makes the
@@ -23,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from toolkit.checkpoint import Checkpoint, CheckpointState, latest, open_checkpoint
+from toolkit.checkpoint import CheckpointState, Newest, newest_verified
 from toolkit.spec import TrainSpec
 
 
@@ -48,17 +49,23 @@ class DataPosition:
         return cls(epoch=int(data.get("epoch", 0)), steps=-(-int(samples) // global_batch))
 
 
-def checkpoint_to_resume(spec: TrainSpec) -> Checkpoint | None:
-    """The checkpoint this run continues from, its manifest verified; None to start afresh."""
+def checkpoint_to_resume(spec: TrainSpec) -> Newest:
+    """The checkpoint this run continues from, every file verified (none: start afresh), and
+    the newer ones passed over because they did not verify."""
     settings = spec.checkpoint
     if settings.dir is None or settings.resume == "never":
-        return None
-    found = latest(settings.dir)
-    return None if found is None else open_checkpoint(found)
+        return Newest(None)
+    return newest_verified(settings.dir)
 
 
-def announce(checkpoint: Checkpoint) -> None:
-    """One line on stderr (rank 0): where the run continues from and who saved it."""
+def announce(newest: Newest) -> None:
+    """One line on stderr (rank 0) for each checkpoint passed over, then where the run
+    continues from and who saved it."""
+    for step, why in newest.passed_over:
+        print(f"toolkit: not resuming from {step}: {why}", file=sys.stderr, flush=True)
+    checkpoint = newest.checkpoint
+    if checkpoint is None:
+        return
     origin = checkpoint.manifest.origin
     saved_by = origin.backend or "an unknown engine"
     if origin.framework:

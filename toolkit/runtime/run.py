@@ -364,9 +364,9 @@ def init(spec: TrainSpec, *, launcher: str | None = None, argv: Sequence[str] | 
     backend.setup()
     atexit.register(gc.collect)  # after the script's own exit handlers: atexit runs LIFO
     resume = checkpoint_to_resume(spec)
-    if resume is not None and env.rank == 0:
+    if env.rank == 0:
         announce(resume)
-    return Run(spec, env, backend, resume)
+    return Run(spec, env, backend, resume.checkpoint)
 
 
 def optimizer_slots(spec: TrainSpec) -> set[str]:

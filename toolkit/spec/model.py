@@ -132,7 +132,9 @@ class TrainSpec(Section):
         validate_default=True,
         description="PyTorch FSDP2 (fully_shard) settings.",
     )
-    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")
+    checkpoint: CheckpointSpec = Field(
+        default_factory=CheckpointSpec, validate_default=True, description="Checkpointing."
+    )
     schedule: ScheduleSpec = Field(
         default_factory=ScheduleSpec,
         description="Learning-rate schedule over optimizer steps (warmup, decay).",
@@ -260,6 +262,13 @@ class TrainSpec(Section):
         _raise(rules.horovod_issues(horovod, backend, framework, launch))
         launcher = rules.launcher_of(backend, framework, launch)
         return horovod.with_launcher(controllers_under(launcher)[0])
+
+    @field_validator("checkpoint")
+    @classmethod
+    def _restarts_resume(cls, checkpoint: CheckpointSpec, info: ValidationInfo) -> Any:
+        if _have(info, "launch"):
+            _raise(rules.restart_issues(info.data["launch"], checkpoint))
+        return checkpoint
 
     @field_validator("fsdp")
     @classmethod

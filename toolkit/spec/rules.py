@@ -21,6 +21,7 @@ from toolkit.spec.errors import SpecIssue
 from toolkit.spec.hosts import Host, parse_host
 from toolkit.spec.sections import (
     BatchSpec,
+    CheckpointSpec,
     FsdpSpec,
     HorovodSpec,
     LaunchSpec,
@@ -179,6 +180,28 @@ def launch_issues(launch: LaunchSpec, backend: str, framework: str | None) -> It
             world,
             f"the local launcher starts at most {MAX_LOCAL_RANKS} ranks on this machine",
             "use srun or mpirun for bigger jobs",
+        )
+
+
+def restart_issues(launch: LaunchSpec, checkpoint: CheckpointSpec) -> Iterator[SpecIssue]:
+    """A restarted job continues from its checkpoints: without them it would train from step
+    0 again, and its restarts would hide that."""
+    if not launch.max_restarts:
+        return
+    if checkpoint.dir is None:
+        yield _issue(
+            "launch.max_restarts",
+            launch.max_restarts,
+            "0 without checkpoint.dir (a restart resumes from its checkpoints)",
+            "set checkpoint.dir and checkpoint.every_steps, e.g. checkpoint: {dir: ckpt, "
+            "every_steps: 100}",
+        )
+    elif checkpoint.resume == "never":
+        yield _issue(
+            "launch.max_restarts",
+            launch.max_restarts,
+            "0 with checkpoint.resume: never (a restart resumes from its checkpoints)",
+            "set checkpoint.resume: auto, or launch.max_restarts: 0",
         )
 
 

@@ -691,6 +691,14 @@ class LaunchSpec(Section):
     ssh: SshSpec = Field(
         default_factory=SshSpec, description="How ranks on other hosts are reached by ssh."
     )
+    max_restarts: int = Field(
+        default=0,
+        ge=0,
+        le=1000,
+        description="Times `toolkit launch` starts the whole job again after a rank fails, "
+        "stalls or loses its host; each start resumes from checkpoint.dir's newest checkpoint "
+        "that verifies. 0 = a fault ends the job.",
+    )
     interface: (
         Annotated[str, Text("a network interface name", "e.g. eth0 or lo", INTERFACE)] | None
     ) = Field(

@@ -1,0 +1,59 @@
+"""The restart loop of `toolkit launch` (toolkit.launch.restarts) and the spec rules of
+`launch.max_restarts`. Real jobs that restart: tests/test_restarts_real.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from toolkit.launch.outcome import LaunchResult
+from toolkit.launch.restarts import with_restarts
+from toolkit.spec import SpecError, TrainSpec
+
+FAILED = LaunchResult(137, failed_rank=1, failed_host="h", reason="rank 1 on host h was killed")
+
+
+def attempts(*results: LaunchResult) -> tuple[list[LaunchResult], list[str], LaunchResult]:
+    """Run the loop over `results` (one per start) with two restarts allowed."""
+    pending, started, said = list(results), [], []
+
+    def start() -> LaunchResult:
+        started.append(pending.pop(0))
+        return started[-1]
+
+    final = with_restarts(start, 2, lambda: "step 3 (ckpt/step-000003)", said.append)
+    return started, said, final
+
+
+def test_a_failed_job_is_started_again_until_it_succeeds() -> None:
+    started, said, final = attempts(FAILED, LaunchResult(0))
+    assert final.ok and len(started) == 2
+    assert said[0].startswith("toolkit launch: rank 1 on host h was killed")
+    assert said[1].startswith("toolkit launch: restart 1 of 2 after ")
+    assert said[1].endswith(", continuing from step 3 (ckpt/step-000003)")
+
+
+def test_restarts_stop_at_max_restarts_and_return_the_last_failure() -> None:
+    last = LaunchResult(1, failed_rank=0, reason="rank 0 exited with status 1")
+    started, said, final = attempts(FAILED, FAILED, last)
+    assert final is last and len(started) == 3
+    assert [line for line in said if "restart" in line][-1].startswith(
+        "toolkit launch: restart 2 of 2"
+    )
+
+
+def test_an_end_that_was_asked_for_is_never_restarted() -> None:
+    asked = LaunchResult(124, reason="timed out after 5 s", by_request=True)
+    started, said, final = attempts(asked)
+    assert final is asked and len(started) == 1 and said == []
+
+
+def spec(**sections: object) -> TrainSpec:
+    return TrainSpec.from_dict({"backend": "ddp", **sections})
+
+
+def test_restarts_need_checkpoints_to_resume_from() -> None:
+    with pytest.raises(SpecError, match=r"launch\.max_restarts.*checkpoint\.dir"):
+        spec(launch={"max_restarts": 2})
+    with pytest.raises(SpecError, match=r"launch\.max_restarts.*resume: never"):
+        spec(launch={"max_restarts": 2}, checkpoint={"dir": "ckpt", "resume": "never"})
+    assert spec(launch={"max_restarts": 2}, checkpoint={"dir": "ckpt"}).launch.max_restarts == 2

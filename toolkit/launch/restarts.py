@@ -1,0 +1,44 @@
+"""Starting a failed job again (`launch.max_restarts`): the toolkit's own supervisor restarts
+the whole job, under every launcher alike.
+
+A fault ends the job as it always does (every rank stopped, nothing left behind, the report
+printed); then the same plan starts again and its ranks resume from checkpoint.dir by
+themselves (toolkit.runtime.resume), up to `max_restarts` times. An end that was asked for
+is final: Ctrl-C, --timeout, a SIGTERM to `toolkit launch` (which never returns here).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+
+from toolkit.launch.outcome import LaunchResult
+
+
+def say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def with_restarts(
+    start: Callable[[], LaunchResult],
+    max_restarts: int,
+    resume_point: Callable[[], str],
+    report: Callable[[str], None] = say,
+) -> LaunchResult:
+    """Run `start()` until it succeeds, ends on request, or has failed `max_restarts` + 1
+    times; the last result is returned. Before each restart `report` gets the failure's
+    report and one line: which restart, from where (`resume_point()`), how long the failed
+    attempt ran."""
+    restarts = 0
+    while True:
+        began = time.monotonic()
+        result = start()
+        if result.ok or result.by_request or restarts == max_restarts:
+            return result
+        restarts += 1
+        report(f"toolkit launch: {result.report()}")
+        report(
+            f"toolkit launch: restart {restarts} of {max_restarts} after "
+            f"{time.monotonic() - began:.0f} s, continuing from {resume_point()}"
+        )
