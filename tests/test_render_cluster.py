@@ -138,3 +138,55 @@ def test_hostfile_parses_with_deepspeeds_parser(tmp_path: Path) -> None:
     path.write_text(text)
     assert dict(runner.fetch_hostfile(str(path))) == {"w-0": 4, "10.0.0.2": 2}
     assert hostfile(TrainSpec.from_dict({"launch": {"np": 2}})) == "localhost slots=2\n"
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
+@pytest.mark.parametrize(("status", "requeued"), [(75, True), (0, False), (1, False)])
+def test_a_preemptible_batch_script_asks_for_the_signal_and_requeues_a_preempted_job(
+    tmp_path: Path, status: int, requeued: bool
+) -> None:
+    """The script runs under bash with `srun` and `scontrol` stand-ins: a job step that ends
+    with 75 (every rank saved) requeues the job, any other status is the script's own."""
+    data = {
+        "backend": "ddp",
+        "checkpoint": {"dir": "ckpt", "save_on_signal": True, "preempt_s": 90},
+        "launch": {"launcher": "srun", "np": 2},
+    }
+    script = sbatch_script(TrainSpec.from_dict(data), COMMAND)
+    assert "#SBATCH --signal=USR1@90\n#SBATCH --requeue\n" in script
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "scontrol.calls"
+    (bin_dir / "srun").write_text(f"#!/bin/bash\nexit {status}\n")
+    (bin_dir / "scontrol").write_text(
+        f'#!/bin/bash\nif [ "$1" = show ]; then echo n1; else echo "$@" >> {calls}; fi\n'
+    )
+    for stub in bin_dir.iterdir():
+        stub.chmod(0o755)
+    path = tmp_path / "job.sh"
+    path.write_text(script)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "n1"}
+    done = subprocess.run(["bash", str(path)], capture_output=True, text=True, env=env)
+    assert done.returncode == status, done.stderr
+    assert (calls.read_text() if calls.exists() else "") == ("requeue 42\n" if requeued else "")
+
+
+def test_a_batch_script_refuses_to_save_on_a_signal_that_would_not_reach_the_ranks() -> None:
+    data = {
+        "backend": "ddp",
+        "checkpoint": {"dir": "ckpt", "save_on_signal": True},
+        "launch": {"launcher": "torchrun", "np": 2},
+    }
+    with pytest.raises(SpecError, match=r"checkpoint\.save_on_signal.*launcher srun or local"):
+        sbatch_script(TrainSpec.from_dict(data), COMMAND)
+
+
+def test_a_batch_script_has_restarts_only_where_toolkit_launch_runs_the_job() -> None:
+    def script(launcher: str) -> str:
+        launch = {"max_restarts": 2, "np": 2, "launcher": launcher}
+        data = {"backend": "ddp", "checkpoint": {"dir": "ckpt"}, "launch": launch}
+        return sbatch_script(TrainSpec.from_dict(data), COMMAND)
+
+    with pytest.raises(SpecError, match=r"launch\.max_restarts.*launcher torchrun"):
+        script("torchrun")
+    assert " -m toolkit launch " in script("local")

@@ -1,11 +1,20 @@
-"""The restart loop of `toolkit launch` (toolkit.launch.restarts) and the spec rules of
-`launch.max_restarts`. Real jobs that restart: tests/test_restarts_real.py."""
+"""The restart loop of `toolkit launch` (toolkit.launch.restarts), the preempted status, and
+the spec rules of `launch.max_restarts` and `checkpoint.save_on_signal`. Real jobs that
+restart and are preempted: tests/test_faults_survived_real.py."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 
-from toolkit.launch.outcome import LaunchResult
+from toolkit.launch.heartbeat import RankRecord
+from toolkit.launch.outcome import PREEMPTED, LaunchResult, describe_status, exit_code
+from toolkit.launch.preemption import PassOn
 from toolkit.launch.restarts import with_restarts
 from toolkit.spec import SpecError, TrainSpec
 
@@ -57,3 +66,37 @@ def test_restarts_need_checkpoints_to_resume_from() -> None:
     with pytest.raises(SpecError, match=r"launch\.max_restarts.*resume: never"):
         spec(launch={"max_restarts": 2}, checkpoint={"dir": "ckpt", "resume": "never"})
     assert spec(launch={"max_restarts": 2}, checkpoint={"dir": "ckpt"}).launch.max_restarts == 2
+
+
+def test_a_preempted_job_is_not_restarted_and_says_so() -> None:
+    preempted = LaunchResult(PREEMPTED, failed_rank=0, reason="rank 0 was preempted")
+    started, said, final = attempts(preempted)
+    assert final.preempted and len(started) == 1 and said == []
+    assert exit_code(PREEMPTED) == PREEMPTED
+    assert describe_status(PREEMPTED).startswith("was preempted")
+
+
+def test_saving_on_a_signal_needs_a_directory() -> None:
+    with pytest.raises(SpecError, match=r"checkpoint\.save_on_signal.*needs checkpoint\.dir"):
+        spec(checkpoint={"save_on_signal": True})
+    assert spec(checkpoint={"dir": "ckpt", "save_on_signal": True}).checkpoint.preempt_s == 120
+
+
+def test_a_preemption_tells_each_rank_on_this_host_once(tmp_path: Path) -> None:
+    """A real child that exits 75 on SIGUSR1 stands for a rank; ranks of other hosts and
+    ended ranks are not signalled."""
+    handler = "import signal, sys, time; signal.signal(signal.SIGUSR1, lambda *a: sys.exit(75))"
+    ready = tmp_path / "ready"
+    code = f"{handler}; open({str(ready)!r}, 'w').close(); time.sleep(60)"
+    with subprocess.Popen([sys.executable, "-c", code]) as child:
+        while not ready.exists():
+            time.sleep(0.01)
+        here = RankRecord(rank=0, host="here", pid=child.pid, last_beat=0.0)
+        elsewhere = RankRecord(rank=1, host="there", pid=os.getpid(), last_beat=0.0)
+        ended = RankRecord(rank=2, host="here", pid=os.getpid(), last_beat=0.0, ended=True)
+        preemption = PassOn(seconds=30)
+        preemption.tell([here, elsewhere, ended], "here")
+        assert child.wait(timeout=30) == PREEMPTED
+        preemption.tell([here], "here")  # told already: not signalled again
+        assert preemption.told == {child.pid}
+        assert not preemption.expired()

@@ -5,23 +5,27 @@ inside `salloc`, which takes the allocation's task count.
 Each job trains the README's digits example for one epoch on 2 ranks; it must complete, print
 its metrics for 2 ranks, and both ranks must report the same weights. By default a
 representative subset runs (DeepSpeed under srun, Horovod under mpirun);
-`TOOLKIT_CLUSTER=full` runs every engine × launcher pair in FULL.
+`TOOLKIT_CLUSTER=full` runs every engine × launcher pair in FULL. A preemptible job
+(checkpoint.save_on_signal) is signalled, requeues itself and resumes exactly (full only).
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 
 from tests.cluster.slurm import SlurmCluster
 from tests.cluster.test_slurm_cluster import job_env, submit
 from tests.options import FULL_CLUSTER
-from tests.realrun import ROOT, SPECS, json_objects
+from tests.realrun import ROOT, SPECS, json_objects, rank_env
+from tests.resuming import EVERY, OPTIMIZERS, STEPS, TORCH_SCRIPT
 
 pytestmark = [pytest.mark.cluster, pytest.mark.multiproc, pytest.mark.usefixtures("no_orphans")]
 
@@ -103,3 +107,74 @@ def test_toolkit_launch_inside_salloc_uses_the_allocation(
     assert done.returncode == 0, printed[-3000:]
     assert "np 2 from the Slurm allocation (SLURM_NTASKS)" in done.stderr
     check_two_ranks_agree(json_objects(done.stdout), printed)
+
+
+@pytest.mark.skipif(
+    not FULL_CLUSTER, reason="about 3 minutes (Slurm holds a requeued job): TOOLKIT_CLUSTER=full"
+)
+def test_a_signalled_batch_job_saves_requeues_itself_and_resumes_exactly(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """`scancel --signal=USR1` (what Slurm's --signal sends before the time limit) reaches the
+    ranks under srun: every rank saves the next step, the step ends with 75, the script
+    requeues the job, and its second run resumes there and ends with the weights of a run
+    that was never signalled."""
+    env = job_env(slurm_cluster)
+    checkpoints = tmp_path / "checkpoints"
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(
+        f"backend: ddp\nseed: 3\nbatch: {{global: 64, micro: 16}}\n{OPTIMIZERS['adam']}\n"
+        f"checkpoint: {{dir: {checkpoints}, every_steps: {EVERY}, save_on_signal: true}}\n"
+        f"launch: {{launcher: srun, np: 2, python: {sys.executable}}}\n"
+    )
+    script_args = [TORCH_SCRIPT, "--spec", str(spec_file), "--steps", str(STEPS)]
+    reference = tmp_path / "reference.npz"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    unsignalled = tmp_path / "unsignalled.yaml"
+    unsignalled.write_text(spec_file.read_text().replace(str(checkpoints), str(tmp_path / "u")))
+    subprocess.run(
+        [
+            *torchrun,
+            TORCH_SCRIPT,
+            "--spec",
+            str(unsignalled),
+            "--steps",
+            str(STEPS),
+            "--out",
+            str(reference),
+        ],
+        env=rank_env(),
+        cwd=ROOT,
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
+    script = tmp_path / "job.sh"
+    render = [sys.executable, "-m", "toolkit", "config", "sbatch", "--spec", str(spec_file)]
+    render += ["-o", str(script), "--", *script_args, "--out", str(tmp_path / "w.npz")]
+    render += ["--step-seconds", "1"]
+    subprocess.run(render, env=env, cwd=ROOT, check=True, timeout=120)
+    output = tmp_path / "out.txt"
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", "--open-mode=append", f"--output={output}", str(script)],
+        env=env,
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    job_id = submitted.stdout.strip().split(";")[0]
+    first_save = checkpoints / f"step-{EVERY:06d}" / "manifest.json.sha256"
+    deadline = time.monotonic() + 180
+    while not first_save.exists():
+        assert time.monotonic() < deadline, output.read_text() if output.exists() else "no output"
+        time.sleep(0.1)
+    subprocess.run(["scancel", "--signal=USR1", job_id], env=env, check=True)
+    state = slurm_cluster.wait_for_job(job_id, bound_s=300)
+    printed = output.read_text()
+    assert state == "COMPLETED", f"job ended {state}:\n{printed}"
+    assert "toolkit: preempted (SIGUSR1): saved step " in printed, printed
+    assert "toolkit: resuming from " in printed, printed
+    with np.load(tmp_path / "w.npz") as resumed, np.load(reference) as expected:
+        for name in expected.files:
+            assert np.array_equal(resumed[name], expected[name]), f"{name} differs"

@@ -7,7 +7,8 @@
 The TensorFlow twin of resume_torch.py (same data, same loop): with checkpoint.dir and
 every_steps in the spec, the run saves periodically and a new launch resumes from the latest
 checkpoint by itself. --stop-at ends the run after that step, as a job that is stopped
-would; --kill-at and --kill-once crash rank 1 once (crash_once.py).
+would; --kill-at and --kill-once crash rank 1 once (crash_once.py); --step-seconds
+slows every step down (a preemption test's signal then comes mid-run).
 Rank 0 writes the final full weights to --out (.npz, Keras paths with "/" as "."), and every
 rank prints one JSON line (rank, step, the step it resumed from).
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -58,6 +60,7 @@ def main() -> int:
     parser.add_argument("--stop-at", type=int, default=0)
     parser.add_argument("--out")
     crash_once.add_arguments(parser)
+    parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep after each step")
     args = parser.parse_args()
     spec = toolkit.load_spec(args.spec)
     run = toolkit.init(spec)
@@ -70,6 +73,7 @@ def main() -> int:
             break
         run.train_step(micro_batches, loss_fn)
         crash_once.maybe_crash(args, run.rank, run.step)
+        time.sleep(args.step_seconds)
         if run.step == args.stop_at:
             break
     weights = run.full_state_dict()

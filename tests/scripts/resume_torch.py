@@ -6,7 +6,8 @@
 
 With checkpoint.dir and every_steps in the spec, the run saves periodically and a new launch
 resumes from the latest checkpoint by itself. --stop-at ends the run after that step, as a
-job that is stopped would; --kill-at and --kill-once crash rank 1 once (crash_once.py).
+job that is stopped would; --kill-at and --kill-once crash rank 1 once (crash_once.py);
+--step-seconds slows every step down (a preemption test's signal then comes mid-run).
 --hidden widens the model (the kill tests make saves slow with it).
 Rank 0 writes the final full weights to --out (.npz) and every rank prints one JSON line
 (rank, step, the step it resumed from).
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 import crash_once  # beside this script
 import numpy as np
@@ -48,6 +50,7 @@ def main() -> int:
     parser.add_argument("--stop-at", type=int, default=0)
     parser.add_argument("--out")
     crash_once.add_arguments(parser)
+    parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep after each step")
     parser.add_argument("--hidden", type=int, default=16, help="width (large: slow saves)")
     args = parser.parse_args(argv)
     spec = toolkit.load_spec(args.spec)
@@ -60,6 +63,7 @@ def main() -> int:
             break
         run.train_step(micro_batches, torch.nn.functional.cross_entropy)
         crash_once.maybe_crash(args, run.rank, run.step)
+        time.sleep(args.step_seconds)
         if run.step == args.stop_at:
             break
     weights = run.full_state_dict()

@@ -1,9 +1,9 @@
 """One supervised job: the processes the supervisor started, their output, their heartbeats,
 and the loop that decides when the job is over (see toolkit.launch.supervisor for the rules).
-Under 400 lines, kept together on purpose: the ending rules share one state (the
+About 400 lines, kept together on purpose: the ending rules share one state (the
 children, the heartbeat records, when each failure was first seen) and every part of a job is
 needed to stop it, in order: its processes, its readers, its watchdog, its heartbeat socket.
-The parts with a job of their own live beside it (output, tree, heartbeat, outcome).
+The parts with a job of their own live beside it (output, tree, heartbeat, outcome, preemption).
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ from toolkit.launch.outcome import (
 )
 from toolkit.launch.output import Console, LauncherTails, Lines, Prefixer, new_tail, pump
 from toolkit.launch.parent_death import Watchdog, die_with_parent
+from toolkit.launch.preemption import SIGNALS as PREEMPTING_SIGNALS
+from toolkit.launch.preemption import PassOn
 from toolkit.launch.shm_leftovers import remove_leftovers
 from toolkit.launch.tree import ProcessTree, exit_status, pid_running
 from toolkit.rank_variables import TOOLKIT_HEARTBEAT, TOOLKIT_JOB_ID
@@ -91,11 +93,13 @@ class Job:
         *,
         placement: Mapping[int, str] | None = None,
         on_teardown: Callable[[str, float], None] | None = None,
+        preempt_s: float | None = None,
     ) -> None:
         """`placement`: the host of each rank where the plan decides it (several hosts), used
         to name a rank in reports. `on_teardown`: called with the job's id and its start (a
         time.time()) once every local process is stopped (the sweep of the job's remote
-        hosts)."""
+        hosts). `preempt_s`: a SIGTERM or SIGUSR1 asks the ranks to save and stop, and they
+        have this long (None: a SIGTERM stops the job at once)."""
         self.timeout = timeout
         self.stall_timeout = stall_timeout
         self.grace = grace
@@ -116,6 +120,8 @@ class Job:
         self.watchdog = Watchdog(self.job_id, self.started_at)
         self._bad_end_seen: dict[int, float] = {}
         self._dead_since: dict[int, float] = {}
+        self.preempt_s = preempt_s
+        self._preemption: PassOn | None = None
 
     @contextmanager
     def starting(self) -> Iterator[None]:
@@ -196,12 +202,13 @@ class Job:
         child.readers.append(reader)
 
     def supervise(self) -> LaunchResult:
-        with _signals_recorded() as received:
+        preemptible = self.preempt_s is not None
+        with _signals_recorded(preemptible) as received:
             try:
                 ending = self._watch(received)
             finally:
                 self._teardown()
-        if signal.SIGTERM in received:
+        if signal.SIGTERM in received and not preemptible:
             # The ranks are stopped; now the SIGTERM reaches its real target, this process,
             # with the disposition it had before. Returning a result instead would let a caller
             # that runs many launches (the parity harness) carry on with the next one.
@@ -218,11 +225,28 @@ class Job:
                 return self._with_silent_ranks(ending)
             if signal.SIGINT in received:
                 return _Ending(INTERRUPTED, "interrupted; stopped every rank", by_request=True)
-            if signal.SIGTERM in received:
+            if self.preempt_s is not None and received & PREEMPTING_SIGNALS:
+                ending = self._preemption_ending()
+                if ending is not None:
+                    return ending
+            elif signal.SIGTERM in received:
                 return _Ending(SIGNAL_BASE + signal.SIGTERM, "the supervisor got SIGTERM")
             if deadline is not None and time.monotonic() > deadline:
                 reason = f"timed out after {self.timeout:g} s"
                 return _Ending(TIMED_OUT, reason, by_request=True)
+
+    def _preemption_ending(self) -> _Ending | None:
+        """Tell the ranks (toolkit.launch.preemption); their end is then a child's or a rank's
+        ending. None until they have had `preempt_s` seconds."""
+        assert self.preempt_s is not None
+        if self._preemption is None:
+            self._preemption = PassOn(self.preempt_s)
+        self._preemption.tell(self.heartbeats.ranks.values(), self.hostname)
+        if not self._preemption.expired():
+            return None
+        reason = f"preempted, but the ranks had not saved and stopped {self.preempt_s:g} s "
+        reason += "later (checkpoint.preempt_s); stopped the job"
+        return _Ending(SIGNAL_BASE + signal.SIGTERM, reason, by_request=True)
 
     def _children_ending(self) -> _Ending | None:
         """The first child that failed, or a clean end once every child (every launcher, on
@@ -380,18 +404,20 @@ def _name(process: psutil.Process) -> str:
 
 
 @contextmanager
-def _signals_recorded() -> Iterator[set[int]]:
+def _signals_recorded(preemptible: bool) -> Iterator[set[int]]:
     """While supervising from the main thread, SIGTERM (a scheduler or `kill` stopping the
     launch) and SIGINT (Ctrl-C) are recorded instead of ending Python at once: the ranks are in
-    sessions of their own, so they would outlive the supervisor. Other threads cannot install
-    handlers; there the defaults stay."""
+    sessions of their own, so they would outlive the supervisor. A `preemptible` job records
+    SIGUSR1 too (Slurm's --signal). Other threads cannot install handlers; there the defaults
+    stay."""
     received: set[int] = set()
     if threading.current_thread() is not threading.main_thread():
         yield received
         return
+    recorded = (signal.SIGTERM, signal.SIGINT, *((signal.SIGUSR1,) if preemptible else ()))
     previous = {
         signum: signal.signal(signum, lambda number, frame: received.add(number))
-        for signum in (signal.SIGTERM, signal.SIGINT)
+        for signum in recorded
     }
     try:
         yield received

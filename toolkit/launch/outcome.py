@@ -6,6 +6,8 @@ Whatever the launcher, `toolkit launch` exits with:
     1      a rank failed: it exited with a non-zero status (the report says which), or the
            launcher failed and no rank's own end explains it
     2      a usage or spec error: nothing was started
+    75     preempted: a signal asked the job to stop, and every rank saved a checkpoint first
+           (checkpoint.save_on_signal); a new launch resumes from it
     124    the job ran past --timeout, or a rank stalled (no heartbeat for --stall-timeout)
     128+N  a rank, or the launcher itself, was killed by signal N (137: SIGKILL)
     130    toolkit launch was interrupted (Ctrl-C); every rank was stopped first
@@ -24,6 +26,8 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 
+from toolkit.exit_status import PREEMPTED
+
 OK = 0
 RANK_FAILED = 1
 USAGE_ERROR = 2
@@ -35,6 +39,7 @@ EXIT_STATUS_HELP = """exit status, the same under every launcher:
   0      every rank finished with status 0
   1      a rank failed: it exited non-zero (the report names it and its status)
   2      usage or spec error; nothing was started
+  75     preempted: every rank saved a checkpoint, then stopped (save_on_signal)
   124    --timeout passed, or a rank stalled (no heartbeat for --stall-timeout)
   128+N  a rank (or the launcher) was killed by signal N, e.g. 137 for SIGKILL
   130    interrupted (Ctrl-C); the ranks were stopped first
@@ -45,6 +50,8 @@ def describe_status(status: int | None) -> str:
     """A Popen-style status (negative: killed by that signal) in words."""
     if status is None:
         return "ended (its exit status was not seen)"
+    if status == PREEMPTED:
+        return f"was preempted (saved a checkpoint, exited with status {PREEMPTED})"
     if status >= 0:
         return f"exited with status {status}"
     try:
@@ -59,6 +66,8 @@ def exit_code(status: int | None) -> int:
         return RANK_FAILED
     if status < 0:
         return SIGNAL_BASE - status
+    if status == PREEMPTED:
+        return PREEMPTED
     return OK if status == 0 else RANK_FAILED
 
 
@@ -96,6 +105,10 @@ class LaunchResult:
     @property
     def ok(self) -> bool:
         return self.returncode == OK
+
+    @property
+    def preempted(self) -> bool:
+        return self.returncode == PREEMPTED
 
     def report(self) -> str:
         """The reason, then the failed rank's stderr tail and the launcher's, for printing."""

@@ -4,7 +4,8 @@ the whole job, under every launcher alike.
 A fault ends the job as it always does (every rank stopped, nothing left behind, the report
 printed); then the same plan starts again and its ranks resume from checkpoint.dir by
 themselves (toolkit.runtime.resume), up to `max_restarts` times. An end that was asked for
-is final: Ctrl-C, --timeout, a SIGTERM to `toolkit launch` (which never returns here).
+is final: Ctrl-C, --timeout, a preemption (status 75: the next start is the scheduler's), a
+SIGTERM to `toolkit launch` (which never returns here).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def with_restarts(
     while True:
         began = time.monotonic()
         result = start()
-        if result.ok or result.by_request or restarts == max_restarts:
+        if result.ok or result.by_request or result.preempted or restarts == max_restarts:
             return result
         restarts += 1
         report(f"toolkit launch: {result.report()}")

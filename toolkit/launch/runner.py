@@ -69,6 +69,7 @@ def execute(
             stall_timeout=stall_timeout,
             echo=echo,
             remote=remote,
+            preempt_s=_preempt_s(spec),
         )
     executable = find_launcher(plan.argv[0])
     if executable is None:
@@ -89,7 +90,14 @@ def execute(
         heartbeat_host=LOOPBACK if remote is None else remote.heartbeat_host,
         remote=remote,
         exported=plan.env,
+        preempt_s=_preempt_s(spec),
     )
+
+
+def _preempt_s(spec: TrainSpec) -> float | None:
+    """How long a signalled job may take to save and stop; None when a signal stops it as it
+    is (no checkpoint.save_on_signal)."""
+    return float(spec.checkpoint.preempt_s) if spec.checkpoint.save_on_signal else None
 
 
 def _remote_hosts(plan: LaunchPlan, spec: TrainSpec) -> RemoteHosts | None:

@@ -14,6 +14,11 @@ The job ends, and every process of it is stopped (toolkit.launch.tree), when:
   (toolkit.launch.heartbeat: a SIGSTOPped or frozen rank);
 - `timeout` seconds have passed, or the supervisor gets SIGTERM or SIGINT.
 
+With `preempt_s` (the spec's checkpoint.save_on_signal), a SIGTERM or SIGUSR1 to the
+supervisor is passed on to every rank on this machine as SIGUSR1 instead: the ranks save at
+their next step boundary and exit with status 75 (toolkit.runtime.preemption), and the job
+is stopped if they have not within `preempt_s` seconds.
+
 What the launchers did here when one of 2 ranks was SIGKILLed mid-run (Open MPI 4.1.4, torch
 2.13, DeepSpeed 0.19.8, Horovod 0.28.1): mpirun aborts the job about a second later
 ("mpirun noticed that process rank 1 ... exited on signal 9 (Killed)") and exits 137; torchrun
@@ -72,6 +77,7 @@ def run_launcher(
     heartbeat_host: str = LOOPBACK,
     remote: RemoteHosts | None = None,
     exported: Mapping[str, str] | None = None,
+    preempt_s: float | None = None,
 ) -> LaunchResult:
     """Run one launcher command (an argv list, never a shell string) and supervise its tree.
     TOOLKIT_* rank variables are removed from its environment: they come first in detection,
@@ -86,7 +92,7 @@ def run_launcher(
     source = os.environ if env is None else env
     base = {k: v for k, v in source.items() if k not in LOCAL_RANK_VARIABLES}
     base.setdefault("PYTHONUNBUFFERED", "1")
-    job = _job(timeout, stall_timeout, grace, echo, heartbeat_host, remote)
+    job = _job(timeout, stall_timeout, grace, echo, heartbeat_host, remote, preempt_s)
     supervisor = job.supervisor_env() | {TOOLKIT_TAG_OUTPUT: "1"}
     base |= supervisor
     forwarded = {**(exported or {}), **supervisor}
@@ -109,9 +115,10 @@ def _job(
     echo: bool,
     heartbeat_host: str,
     remote: RemoteHosts | None,
+    preempt_s: float | None,
 ) -> Job:
     if remote is None:
-        return Job(timeout, stall_timeout, grace, echo, heartbeat_host)
+        return Job(timeout, stall_timeout, grace, echo, heartbeat_host, preempt_s=preempt_s)
     return Job(
         timeout,
         stall_timeout,
@@ -120,6 +127,7 @@ def _job(
         heartbeat_host,
         placement=remote.placement,
         on_teardown=remote.reap,
+        preempt_s=preempt_s,
     )
 
 
@@ -136,6 +144,7 @@ def run_local(
     grace: float = DEFAULT_GRACE_SECONDS,
     echo: bool = True,
     remote: RemoteHosts | None = None,
+    preempt_s: float | None = None,
 ) -> LaunchResult:
     """Start `nprocs` copies of argv on this machine, rank i with TOOLKIT_RANK=i etc., and
     supervise them. `rank_envs[i]`, when given, adds rank i's own variables (TF_CONFIG).
@@ -149,7 +158,7 @@ def run_local(
     base.setdefault("PYTHONUNBUFFERED", "1")
     base.pop(TOOLKIT_TAG_OUTPUT, None)  # each local rank has pipes of its own
     heartbeat_host = LOOPBACK if remote is None else remote.heartbeat_host
-    job = _job(timeout, stall_timeout, grace, echo, heartbeat_host, remote)
+    job = _job(timeout, stall_timeout, grace, echo, heartbeat_host, remote, preempt_s)
     with job.starting():
         for rank in range(nprocs):
             own = dict(rank_envs[rank]) if rank_envs else {}

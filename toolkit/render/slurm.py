@@ -14,6 +14,15 @@ run it there:
 - local (the toolkit's own launcher, one machine) runs `python -m toolkit launch` with the spec,
   which the script writes next to the job's output first.
 
+With checkpoint.save_on_signal the job is preemptible: `--signal=USR1@preempt_s` has Slurm
+signal the job's steps that long before its time limit, `--requeue` lets Slurm requeue it
+when it is preempted, and a job that ends with status 75 (every rank saved) requeues itself
+with `scontrol requeue`, so that its next run resumes from the checkpoint. Slurm's signal
+reaches the ranks under srun and `toolkit launch` under local, which passes it on; the other
+launchers would not pass it on (torchrun and mpirun die of a SIGUSR1, horovodrun and the
+deepspeed launcher run outside a job step), so they are refused. `launch.max_restarts` is
+`toolkit launch`'s, so a batch script has it under the local launcher only.
+
 For device cuda the allocation asks for `--gpus-per-node` (toolkit.render.layout.requested_gpus),
 which every step inside it inherits, and a comment says how the ranks bind them and which
 backend carries their collectives. cpu and auto ask for no GPU.
@@ -25,6 +34,8 @@ import json
 import shlex
 from collections.abc import Callable, Sequence
 
+from toolkit import engines
+from toolkit.exit_status import PREEMPTED
 from toolkit.render.launchers import LaunchContext, base_env, launch_plan
 from toolkit.render.layout import (
     cluster_threads,
@@ -127,6 +138,19 @@ def sbatch_script(spec: TrainSpec, command: Sequence[str]) -> str:
         options.append("--nodelist=" + ",".join(host.name for host in spec.hosts))
     if spec.launch.partition:
         options.append(f"--partition={spec.launch.partition}")
+    if spec.launch.max_restarts and spec.launcher != engines.SELF_LAUNCHER:
+        raise SpecError.single(
+            "launch.max_restarts",
+            spec.launch.max_restarts,
+            f"0 under launch.launcher {spec.launcher} in a batch script: restarts are "
+            "`toolkit launch`'s, and the script runs the launcher itself",
+            hint="use launch.launcher local (the script then runs toolkit launch), or "
+            "checkpoint.save_on_signal with Slurm's requeue",
+        )
+    preemptible = spec.checkpoint.save_on_signal
+    if preemptible:
+        _refuse_unsignalled(spec)
+        options += [f"--signal=USR1@{spec.checkpoint.preempt_s}", "--requeue"]
     lines = ["#!/bin/bash", *(f"#SBATCH {shlex.quote(option)}" for option in options)]
     if gpus is not None:
         lines.append(f"# {device_summary(spec)}")
@@ -152,5 +176,21 @@ def sbatch_script(spec: TrainSpec, command: Sequence[str]) -> str:
             content.rstrip("\n"),
             "TOOLKIT_FILE",
         ]
-    lines += ["", " ".join(_quote(word) for word in argv), ""]
+    run = " ".join(_quote(word) for word in argv)
+    if not preemptible:
+        return "\n".join([*lines, "", run, ""])
+    lines += ["", "status=0", f"{run} || status=$?"]
+    lines.append(f'if [ "$status" = {PREEMPTED} ]; then  # preempted: every rank saved; run again')
+    lines += ['  scontrol requeue "$SLURM_JOB_ID"', "fi", 'exit "$status"', ""]
     return "\n".join(lines)
+
+
+def _refuse_unsignalled(spec: TrainSpec) -> None:
+    if spec.launcher not in engines.SLURM_SIGNALLED:
+        raise SpecError.single(
+            "checkpoint.save_on_signal",
+            True,
+            f"false under launch.launcher {spec.launcher} in a batch script: Slurm's signal "
+            "would not reach the ranks through it",
+            hint="use launch.launcher srun or local, or set checkpoint.save_on_signal: false",
+        )

@@ -42,6 +42,7 @@ from toolkit.launch.environment import LaunchEnvironment, detect_environment
 from toolkit.launch.rank_side import join_supervisor
 from toolkit.runtime.evaluation import Metrics, micro_batch_groups, own_loss_metrics
 from toolkit.runtime.loader import ArrayLoader, refuse_unusable
+from toolkit.runtime.preemption import Preemption, exit_preempted
 from toolkit.runtime.progress import progress
 from toolkit.runtime.resume import (
     DataPosition,
@@ -72,6 +73,10 @@ class Run:
         self._own_optimizer = True
         self._start = DataPosition()  # where the next run.steps() begins
         self._position = DataPosition()  # after the step last handed out by run.steps()
+        self._preemption: Preemption | None = None
+        if spec.checkpoint.save_on_signal:
+            self._preemption = Preemption()
+            self._preemption.install()
 
     # -- where this process stands ------------------------------------------------------------
     @property
@@ -180,13 +185,22 @@ class Run:
         loss_fn(model(inputs), targets); without one, the model gets the whole micro-batch (a
         dict as keyword arguments under torch) and returns its own loss, or an object with
         `.loss` (Hugging Face models).
+
+        With checkpoint.save_on_signal, a step after which any rank has received SIGTERM or
+        SIGUSR1 saves and ends the process with status 75 (toolkit.runtime.preemption).
         """
         loss = self.backend.train_step(micro_batches, loss_fn)
         self.step += 1
         self._show(**{self.loss_label: f"{loss:.4g}"})
         every = self.spec.checkpoint.every_steps
+        saved = None
         if every and self.step % every == 0:
-            self.save()
+            saved = self.save()
+        if self._preemption is not None and self._preemption.agreed(self.backend):
+            saved = saved or self.save()
+            received = self._preemption.received
+            self.shutdown()
+            raise exit_preempted(self.step, str(saved), self.rank, received)
         return loss
 
     @property

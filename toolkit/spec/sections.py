@@ -787,13 +787,31 @@ class CheckpointSpec(Section):
         description="auto: when `dir` holds a complete checkpoint, continue from its `latest` "
         "(weights, optimizer, schedule, RNG and data position); never: start afresh.",
     )
+    save_on_signal: bool = Field(
+        default=False,
+        description="SIGTERM or SIGUSR1 to a rank or to `toolkit launch` (Slurm's --signal, a "
+        "Kubernetes eviction, a scheduler's preemption) saves a checkpoint at the next step "
+        "boundary on every rank, and the job ends with status 75 (preempted); costs one small "
+        "all-reduce per step. false = a signal stops the job as it is.",
+    )
+    preempt_s: int = Field(
+        default=120,
+        ge=10,
+        le=86400,
+        description="Seconds a signalled job has to finish its step and save: sbatch asks "
+        "Slurm to signal this long before the job's end (--signal=USR1@N), and `toolkit "
+        "launch` stops ranks that take longer.",
+    )
 
-    @field_validator("every_steps")
+    @field_validator("every_steps", "save_on_signal")
     @classmethod
-    def _periodic_saves_need_a_dir(cls, every_steps: int, info: ValidationInfo) -> int:
-        if every_steps and "dir" in info.data and info.data["dir"] is None:
+    def _saves_need_a_dir(cls, value: int | bool, info: ValidationInfo) -> int | bool:
+        if value and "dir" in info.data and info.data["dir"] is None:
+            example = (
+                "every_steps: 100" if info.field_name == "every_steps" else "save_on_signal: true"
+            )
             raise field_error(
                 "needs checkpoint.dir (where to save)",
-                "set checkpoint.dir, e.g. checkpoint: {dir: ckpt, every_steps: 100}",
+                f"set checkpoint.dir, e.g. checkpoint: {{dir: ckpt, {example}}}",
             )
-        return every_steps
+        return value
