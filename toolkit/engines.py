@@ -90,12 +90,12 @@ PIPELINE_MAX_ZERO_STAGE = 1
 """Highest ZeRO stage a pipeline-parallel engine runs (DeepSpeed's PipelineEngine: 0 or 1)."""
 
 MPIJOB_LAUNCHERS: tuple[Launcher, ...] = ("mpirun",)
+"""Launchers a Kubeflow MPIJob runs: its launcher pod runs mpirun over the worker pods."""
 
 SLURM_SIGNALLED: tuple[Launcher, ...] = ("srun", SELF_LAUNCHER)
 """Launchers that Slurm's --signal reaches in a batch script: srun's tasks are the ranks, and
 under the local launcher the task is `toolkit launch`, which passes it on. torchrun and mpirun
 die of a SIGUSR1; horovodrun and the deepspeed launcher run outside a job step."""
-"""Launchers a Kubeflow MPIJob runs: its launcher pod runs mpirun over the worker pods."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,15 +13,14 @@ from collections.abc import Iterable
 
 from toolkit.launch.heartbeat import RankRecord
 
-SIGNALS = {signal.SIGTERM, signal.SIGUSR1}
-"""What preempts a job that saves on a signal."""
+SIGNALS = frozenset({signal.SIGTERM, signal.SIGUSR1})
+"""What preempts a job that saves on a signal, sent to `toolkit launch` or to a rank."""
 
 
 class PassOn:
     """A preemption under way: when it began, and the ranks already told."""
 
     def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
         self.deadline = time.monotonic() + seconds
         self.told: set[int] = set()
 

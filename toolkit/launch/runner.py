@@ -55,6 +55,7 @@ def execute(
     several hosts first checks that every host answers ssh and has the toolkit (one clear
     error otherwise), and at its end stops whatever it left on them."""
     remote = _remote_hosts(plan, spec)
+    preempt_s = _preempt_s(spec)
     if remote is not None:
         check_hosts(remote.ssh, remote.hosts, remote.python)
     if plan.argv is None:  # the toolkit's own launcher: every rank has its own command
@@ -69,7 +70,7 @@ def execute(
             stall_timeout=stall_timeout,
             echo=echo,
             remote=remote,
-            preempt_s=_preempt_s(spec),
+            preempt_s=preempt_s,
         )
     executable = find_launcher(plan.argv[0])
     if executable is None:
@@ -90,7 +91,7 @@ def execute(
         heartbeat_host=LOOPBACK if remote is None else remote.heartbeat_host,
         remote=remote,
         exported=plan.env,
-        preempt_s=_preempt_s(spec),
+        preempt_s=preempt_s,
     )
 
 

@@ -20,8 +20,7 @@ import numpy as np
 
 from toolkit.backends.base import Backend
 from toolkit.exit_status import PREEMPTED
-
-SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+from toolkit.launch.preemption import SIGNALS
 
 
 class Preemption:
