@@ -5,6 +5,7 @@ are in tests/cluster/test_multihost_jobs.py and tests/cluster/test_slurm_jobs.py
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -117,6 +118,20 @@ def test_remote_hosts_run_here_without_ssh_and_name_the_host_there() -> None:
     assert remote.command("localhost", ["prog"], {"A": "1"}) == ["prog"]
     command = shlex.split(remote.command("node2", ["prog"], {"A": "1"})[-1])
     assert command == ["env", "A=1", f"{TOOLKIT_HOST}=node2", "prog"]
+
+
+def test_remote_commands_start_in_the_directory_of_the_job() -> None:
+    remote = RemoteHosts(
+        ssh=SshSpec(),
+        python="/venv/bin/python",
+        hosts=("node2",),
+        heartbeat_host="node0",
+        cwd=Path("/work/my project"),
+    )
+    command = shlex.split(remote.command("node2", ["prog", "hvd_examples/x.py"], {"A": "1"})[-1])
+    assert command[:4] == ["cd", "/work/my project", "&&", "exec"]
+    assert command[4:] == ["env", "A=1", f"{TOOLKIT_HOST}=node2", "prog", "hvd_examples/x.py"]
+    assert remote.command("localhost", ["prog"], {}) == ["prog"]
 
 
 @pytest.mark.parametrize(

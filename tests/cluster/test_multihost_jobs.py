@@ -13,6 +13,9 @@ TF MultiWorkerMirrored runs here because worker ports are unique across the job
 (toolkit.render.tf): with ports counted per host, the two loopback "hosts" collided in
 TensorFlow's gRPC server, which binds 0.0.0.0:port.
 
+Jobs start as the README shows them, too: from the project directory with a relative script
+path, which the remote ranks resolve in the same directory.
+
 Not run here: a network partition. The ranks talk over 127.0.0.1 (lo's address), not the host
 addresses, so dropping a host address's traffic would cut ssh but not the ranks. A lost host
 (below) is the nearest: its processes freeze, so its peers wait instead of failing.
@@ -36,7 +39,7 @@ import yaml
 
 from tests.cluster.sshd import SshCluster, start_ssh_cluster
 from tests.options import FULL_CLUSTER
-from tests.realrun import SPECS, rank_env
+from tests.realrun import BIN, ROOT, SPECS, rank_env, run
 from tests.supervised import CONTRACT_SECONDS, start_training_job, wait_for_ranks
 from toolkit.parity.cases import all_cases, merge
 from toolkit.parity.harness import Harness
@@ -103,6 +106,23 @@ def test_two_hosts_train_to_the_reference_weights(
     case = dataclasses.replace(case, spec=merge(case.spec, {"launch": launch}))
     outcome = harness.run_case(case)
     assert outcome.status == "pass", outcome
+
+
+@pytest.mark.usefixtures("no_ssh_leftovers")
+@pytest.mark.parametrize("launcher", ["torchrun", "local"])
+def test_a_relative_script_path_runs_on_both_hosts_as_the_readme_starts_it(
+    ssh_cluster: SshCluster, tmp_path: Path, launcher: str
+) -> None:
+    """From the project directory, a script named relative to it: the remote ranks start in
+    the same directory (a remote shell starts in the home directory, where the path means
+    nothing). torchrun runs once per host and the local launcher starts each rank there."""
+    spec: dict[str, Any] = yaml.safe_load((SPECS / "ddp.yaml").read_text())
+    spec["launch"] = {**two_host_launch(ssh_cluster, launcher), "master_port": free_port()}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    script = ["hvd_examples/torch_digits.py", "--epochs", "1", "--min-accuracy", "0"]
+    result = run([str(BIN / "toolkit"), "launch", "--spec", str(path), "--", *script], cwd=ROOT)
+    assert result.returncode == 0, result.explain()
 
 
 def stall_spec(cluster: SshCluster, launcher: str, directory: Path) -> Path:

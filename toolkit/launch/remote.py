@@ -4,10 +4,11 @@ answers before a job starts, and the sweep that stops what a job left there.
 ssh hands its command to the remote user's shell as one string, so an argv is quoted with
 `shlex.join` and stays an argv there; variables travel in the command (`env NAME=VALUE ...`),
 because a stock sshd accepts only LANG and LC_* from the client. The remote side sees its
-login PATH, so programs are named by absolute path: the toolkit, its interpreter and the
-launchers are expected at the same paths on every host, as horovodrun, mpirun and the
-deepspeed launcher expect too. Only the job's own variables travel (the plan's, which include
-`launch.env`, and the supervisor's): a variable a remote rank needs goes in `launch.env`.
+login PATH, so programs are named by absolute path: the toolkit, its interpreter, the
+launchers and the working directory are expected at the same paths on every host, as
+horovodrun, mpirun and the deepspeed launcher expect too. Only the job's own variables travel
+(the plan's, which include `launch.env`, and the supervisor's): a variable a remote rank needs
+goes in `launch.env`.
 
 A remote command outlives its ssh client when the client is killed (no terminal, no SIGHUP),
 and launchers differ in what they leave on other hosts when a job fails. Every process of a
@@ -39,11 +40,20 @@ _SSH_OPTIONS = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
 
 
 def ssh_argv(
-    ssh: SshSpec, host: str, command: Sequence[str], env: Mapping[str, str] | None = None
+    ssh: SshSpec,
+    host: str,
+    command: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
 ) -> list[str]:
-    """`ssh [spec options] HOST 'env NAME=VALUE ... command'`, every element quoted."""
-    remote = ["env", *(f"{name}={value}" for name, value in (env or {}).items()), *command]
-    return ["ssh", *ssh.options(), *_SSH_OPTIONS, host, shlex.join(remote)]
+    """`ssh [spec options] HOST '[cd CWD &&] exec env NAME=VALUE ... command'`, every element
+    quoted."""
+    remote = shlex.join(
+        ["env", *(f"{name}={value}" for name, value in (env or {}).items()), *command]
+    )
+    if cwd is not None:
+        remote = f"cd {shlex.quote(str(cwd))} && exec {remote}"
+    return ["ssh", *ssh.options(), *_SSH_OPTIONS, host, remote]
 
 
 def check_hosts(ssh: SshSpec, hosts: Sequence[str], python: str) -> None:
@@ -136,6 +146,10 @@ class RemoteHosts:
     env_variable: str = "DS_ENV_FILE"
     """The variable naming `env_file` to the launcher (the deepspeed launcher's; it joins it
     to its search paths, so it is written absolute)."""
+    cwd: Path | None = None
+    """Where the job was started: what runs on another host starts in the same directory, as
+    mpirun's ranks and the deepspeed launcher's do, so that a relative script path (`toolkit
+    launch -- hvd_examples/torch_digits.py`) means the same file there."""
 
     def is_remote(self, host: str) -> bool:
         return host not in LOCAL_NAMES
@@ -145,7 +159,7 @@ class RemoteHosts:
         machine's processes already have the environment)."""
         if not self.is_remote(host):
             return list(argv)
-        return ssh_argv(self.ssh, host, argv, {**env, TOOLKIT_HOST: host})
+        return ssh_argv(self.ssh, host, argv, {**env, TOOLKIT_HOST: host}, self.cwd)
 
     def write_env_file(self, env: Mapping[str, str]) -> Path:
         """Write `env` to `env_file` (absolute path returned)."""

@@ -118,6 +118,7 @@ def _remote_hosts(plan: LaunchPlan, spec: TrainSpec) -> RemoteHosts | None:
         placement={rank.rank: rank.host for rank in plan.ranks} if ordered else {},
         run_on=plan.run_on,
         env_file=Path(plan.env_file) if plan.env_file else None,
+        cwd=Path.cwd(),
     )
 
 
