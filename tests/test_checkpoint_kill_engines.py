@@ -9,7 +9,9 @@ commit, so the kill lands while that rank writes its share; the other rank is th
 it at the save's barrier, and the staging directory is left behind, which the test checks (so
 the kill is known to have hit a save, not a step).
 
-By default DDP with rank 1 killed (every rank writes its own random generator states);
+By default DDP with rank 1 killed (every rank writes its own random generator states), with
+synchronous saves and with background ones (checkpoint.async: the kill lands while rank 1's
+writer thread writes, and rank 0's writer waits for that part in vain);
 TOOLKIT_FAULTS=full adds ZeRO-2 with rank 1 and with rank 0 killed (each rank writes its own
 optimizer partition there).
 """
@@ -47,16 +49,19 @@ CASES = {
         0,
     ),
     "ddp-rank1": ("backend: ddp\nlaunch: {launcher: torchrun, np: 2}", 1),
+    "ddp-rank1-async": ("backend: ddp\nlaunch: {launcher: torchrun, np: 2}", 1),
 }
-RUN = list(CASES) if FULL_FAULTS else ["ddp-rank1"]
+RUN = list(CASES) if FULL_FAULTS else ["ddp-rank1", "ddp-rank1-async"]
 
 
-def write_spec(where: Path, engine_lines: str, checkpoints: Path) -> Path:
+def write_spec(where: Path, engine_lines: str, checkpoints: Path, case: str) -> Path:
+    """`-async` cases write their saves in the background (checkpoint.async)."""
+    background = ", async: true" if case.endswith("-async") else ""
     spec = where / "spec.yaml"
     spec.write_text(
         f"{engine_lines}\nseed: 3\nbatch: {{global: 32, micro: 16}}\n"
         "optimizer: {name: adam, lr: 0.001}\n"
-        f"checkpoint: {{dir: {checkpoints}, every_steps: 1, keep: 2}}\n"
+        f"checkpoint: {{dir: {checkpoints}, every_steps: 1, keep: 2{background}}}\n"
     )
     return spec
 
@@ -112,7 +117,7 @@ def test_a_rank_killed_while_saving_leaves_latest_complete_and_the_next_save_cle
 ) -> None:
     engine_lines, victim = CASES[case]
     checkpoints = tmp_path / "checkpoints"
-    spec = write_spec(tmp_path, engine_lines, checkpoints)
+    spec = write_spec(tmp_path, engine_lines, checkpoints, case)
     job = launch(spec, steps=1000, log=tmp_path / "killed.log")
     try:
         staging = staging_after_first_commit(checkpoints, job)

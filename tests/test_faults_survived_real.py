@@ -8,8 +8,9 @@ tests/resuming.py's plan); `toolkit launch` stops the job, starts it again, and 
 resume from step 3 by themselves. Preemption: a SIGTERM to `toolkit launch`, or a SIGUSR1 to
 rank 1 alone, once step 3 is saved; every rank saves the next step, the job ends with status
 75, and a new launch resumes from there. Same engine, same world size: the final weights are
-bitwise equal. DDP under torchrun by default, which also holds the fallback from a damaged
-`latest`; with TOOLKIT_FAULTS=full Horovod, ZeRO-2 and TF MultiWorker too.
+bitwise equal. DDP under torchrun by default, with synchronous and with background saves
+(`checkpoint.async`), and the fallback from a damaged `latest`; with TOOLKIT_FAULTS=full
+Horovod, ZeRO-2 and TF MultiWorker too, and preemption with background saves.
 """
 
 from __future__ import annotations
@@ -48,15 +49,18 @@ KILL_AT = 5
 class Engine:
     lines: str
     script: str = TORCH_SCRIPT
+    saves: str = ""
+    """More checkpoint settings."""
 
 
 ENGINES = {
     "ddp": Engine("backend: ddp"),
+    "ddp-async": Engine("backend: ddp", saves=", async: true"),
     "horovod": Engine("backend: horovod"),
     "zero2": Engine("backend: deepspeed\nzero: {stage: 2}"),
     "multiworker": Engine("backend: tf\ntf: {port: 23671}", TF_SCRIPT),
 }
-DEFAULT = ("ddp",)
+DEFAULT = ("ddp", "ddp-async")
 
 
 def write_spec(where: Path, engine: Engine, checkpoints: Path) -> Path:
@@ -65,7 +69,8 @@ def write_spec(where: Path, engine: Engine, checkpoints: Path) -> Path:
     spec.write_text(
         f"{engine.lines}\nseed: 3\nbatch: {{global: 64, micro: 16}}\n{OPTIMIZERS['adam']}\n"
         "schedule: {name: warmup_cosine, warmup_steps: 3, total_steps: 10}\n"
-        f"checkpoint: {{dir: {checkpoints}, every_steps: {EVERY}, keep: 2, save_on_signal: true}}\n"
+        f"checkpoint: {{dir: {checkpoints}, every_steps: {EVERY}, keep: 2, save_on_signal: true"
+        f"{engine.saves}}}\n"
         "launch: {np: 2, max_restarts: 2}\n"
     )
     return spec

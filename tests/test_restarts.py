@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from toolkit.exit_status import SAVE_FAILED
 from toolkit.launch.heartbeat import RankRecord
 from toolkit.launch.outcome import PREEMPTED, LaunchResult, describe_status, exit_code
 from toolkit.launch.preemption import PassOn
@@ -74,6 +75,14 @@ def test_a_preempted_job_is_not_restarted_and_says_so() -> None:
     assert final.preempted and len(started) == 1 and said == []
     assert exit_code(PREEMPTED) == PREEMPTED
     assert describe_status(PREEMPTED).startswith("was preempted")
+
+
+def test_a_job_whose_save_failed_is_not_restarted() -> None:
+    failed = LaunchResult(SAVE_FAILED, failed_rank=1, reason="rank 1 could not save")
+    started, said, final = attempts(failed)
+    assert final.save_failed and len(started) == 1 and said == []
+    assert exit_code(SAVE_FAILED) == SAVE_FAILED
+    assert describe_status(SAVE_FAILED).startswith("could not save a checkpoint")
 
 
 def test_saving_on_a_signal_needs_a_directory() -> None:

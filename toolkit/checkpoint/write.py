@@ -18,7 +18,9 @@ no pointer: `latest()` then takes the newest complete directory), and the next c
 removes whatever the killed save left behind.
 
 Ranks must share the filesystem that holds `root` (rank 0 checks that every rank's files
-are there before committing).
+are there before committing). Instead of the first barrier, rank 0 may also wait for the
+parts themselves (`wait_for_parts`): a background save (toolkit.checkpoint.background) does,
+and a rank that cannot write its part says so with `fail()`.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ from __future__ import annotations
 import json
 import operator
 import os
+import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -74,7 +77,7 @@ class PendingSave:
 
     @property
     def _sidecar(self) -> Path:
-        return self.staging / f"rank{self.rank}-of-{self.ranks}.json"
+        return _sidecar(self.staging, self.rank, self.ranks)
 
     def write(self, section: str, tensors: Mapping[str, Any], *, whole: bool = False) -> None:
         """Write the tensors of `section` ("model", "optimizer" or "arrays") this rank holds:
@@ -115,10 +118,55 @@ class PendingSave:
         )
 
     def finish(self) -> None:
-        """Mark this rank's part complete (after this, the caller's barrier, then commit)."""
+        """Mark this rank's part complete (after this, the caller's barrier, then commit). The
+        sidecar appears whole or not at all: rank 0 may be polling for it."""
+        written = self._sidecar.with_name(self._sidecar.name + ".tmp")
         with _writing(self._sidecar):
-            _write_synced(self._sidecar, json.dumps([r.to_json() for r in self.records]).encode())
+            _write_synced(written, json.dumps([r.to_json() for r in self.records]).encode())
+            os.rename(written, self._sidecar)
             layout.fsync_dir(self.staging)
+
+    def fail(self, why: str) -> None:
+        """Tell rank 0, waiting in `wait_for_parts`, that this rank's part will not come. On a
+        full disk even this may not be written; rank 0 then waits out its bound."""
+        with suppress(OSError):
+            _write_synced(_failure_note(self.staging, self.rank, self.ranks), why.encode())
+
+
+def wait_for_parts(
+    root: str | os.PathLike[str], step: int, *, ranks: int, bound_s: float, poll_s: float = 0.05
+) -> None:
+    """Rank 0, in place of a barrier: return once every rank has finished its part of `step`;
+    a ToolkitError when one failed (`PendingSave.fail`) or `bound_s` passes first."""
+    staging = layout.staging_dir(Path(root), step)
+    deadline = time.monotonic() + bound_s
+    waiting = set(range(ranks))
+    while True:
+        for rank in sorted(waiting):
+            note = _failure_note(staging, rank, ranks)
+            if note.exists():
+                why = note.read_text(errors="replace").strip() or "no reason given"
+                raise ToolkitError(f"rank {rank} could not write its part of step {step}: {why}")
+            if _sidecar(staging, rank, ranks).exists():
+                waiting.discard(rank)
+        if not waiting:
+            return
+        if time.monotonic() > deadline:
+            listed = ", ".join(str(rank) for rank in sorted(waiting))
+            raise ToolkitError(
+                f"rank(s) {listed} did not finish their part of step {step} within "
+                f"{bound_s:g} s (timeouts.collective_s)",
+                f"check that every rank sees {root} (a filesystem all share) and has space",
+            )
+        time.sleep(poll_s)
+
+
+def _sidecar(staging: Path, rank: int, ranks: int) -> Path:
+    return staging / f"rank{rank}-of-{ranks}.json"
+
+
+def _failure_note(staging: Path, rank: int, ranks: int) -> Path:
+    return staging / f"rank{rank}-of-{ranks}.failed"
 
 
 def begin_save(root: str | os.PathLike[str], step: int, *, rank: int, ranks: int) -> PendingSave:
@@ -210,7 +258,7 @@ def write_checkpoint(
 def _gather_records(staging: Path, step: int, ranks: int) -> list[FileRecord]:
     records: list[FileRecord] = []
     for rank in range(ranks):
-        sidecar = staging / f"rank{rank}-of-{ranks}.json"
+        sidecar = _sidecar(staging, rank, ranks)
         try:
             records += parse_records(json.loads(sidecar.read_bytes()), sidecar)
         except (OSError, ValueError):

@@ -6,6 +6,8 @@ Whatever the launcher, `toolkit launch` exits with:
     1      a rank failed: it exited with a non-zero status (the report says which), or the
            launcher failed and no rank's own end explains it
     2      a usage or spec error: nothing was started
+    74     a checkpoint could not be saved (disk full, permissions) and checkpoint.save_failure
+           is stop; every checkpoint saved before is intact
     75     preempted: a signal asked the job to stop, and every rank saved a checkpoint first
            (checkpoint.save_on_signal); a new launch resumes from it
     124    the job ran past --timeout, or a rank stalled (no heartbeat for --stall-timeout)
@@ -26,7 +28,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 
-from toolkit.exit_status import PREEMPTED
+from toolkit.exit_status import PREEMPTED, SAVE_FAILED
 
 OK = 0
 RANK_FAILED = 1
@@ -39,6 +41,7 @@ EXIT_STATUS_HELP = """exit status, the same under every launcher:
   0      every rank finished with status 0
   1      a rank failed: it exited non-zero (the report names it and its status)
   2      usage or spec error; nothing was started
+  74     a checkpoint could not be saved (save_failure: stop); earlier ones are intact
   75     preempted: every rank saved a checkpoint, then stopped (save_on_signal)
   124    --timeout passed, or a rank stalled (no heartbeat for --stall-timeout)
   128+N  a rank (or the launcher) was killed by signal N, e.g. 137 for SIGKILL
@@ -52,6 +55,8 @@ def describe_status(status: int | None) -> str:
         return "ended (its exit status was not seen)"
     if status == PREEMPTED:
         return f"was preempted (saved a checkpoint, exited with status {PREEMPTED})"
+    if status == SAVE_FAILED:
+        return f"could not save a checkpoint (exited with status {SAVE_FAILED})"
     if status >= 0:
         return f"exited with status {status}"
     try:
@@ -66,8 +71,8 @@ def exit_code(status: int | None) -> int:
         return RANK_FAILED
     if status < 0:
         return SIGNAL_BASE - status
-    if status == PREEMPTED:
-        return PREEMPTED
+    if status in (PREEMPTED, SAVE_FAILED):
+        return status
     return OK if status == 0 else RANK_FAILED
 
 
@@ -109,6 +114,10 @@ class LaunchResult:
     @property
     def preempted(self) -> bool:
         return self.returncode == PREEMPTED
+
+    @property
+    def save_failed(self) -> bool:
+        return self.returncode == SAVE_FAILED
 
     def report(self) -> str:
         """The reason, then the failed rank's stderr tail and the launcher's, for printing."""

@@ -5,7 +5,8 @@ A fault ends the job as it always does (every rank stopped, nothing left behind,
 printed); then the same plan starts again and its ranks resume from checkpoint.dir by
 themselves (toolkit.runtime.resume), up to `max_restarts` times. An end that was asked for
 is final: Ctrl-C, --timeout, a preemption (status 75: the next start is the scheduler's), a
-SIGTERM to `toolkit launch` (which never returns here).
+SIGTERM to `toolkit launch` (which never returns here), a save that failed (status 74: the
+next start would fail the same way).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def with_restarts(
     while True:
         began = time.monotonic()
         result = start()
-        if result.ok or result.by_request or result.preempted or restarts == max_restarts:
+        final = result.ok or result.by_request or result.preempted or result.save_failed
+        if final or restarts == max_restarts:
             return result
         restarts += 1
         report(f"toolkit launch: {result.report()}")

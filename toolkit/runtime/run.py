@@ -32,9 +32,16 @@ from typing import Any
 
 import numpy as np
 
-from toolkit.backends.base import Backend, Loader, LossFn, MetricFn, MicroBatch, add_metrics
+from toolkit.backends.base import (
+    Backend,
+    Loader,
+    LossFn,
+    MetricFn,
+    MicroBatch,
+    add_metrics,
+)
 from toolkit.backends.registry import check_environment, load_backend_class
-from toolkit.checkpoint import Checkpoint, Origin, begin_save, commit_save, open_checkpoint
+from toolkit.checkpoint import Checkpoint, open_checkpoint
 from toolkit.checkpoint.layout import step_name
 from toolkit.checkpoint.state import split_optimizer_key
 from toolkit.errors import ToolkitError
@@ -48,9 +55,9 @@ from toolkit.runtime.resume import (
     DataPosition,
     announce,
     checkpoint_to_resume,
-    host_rng_arrays,
     restore_host_rng,
 )
+from toolkit.runtime.saving import Saver
 from toolkit.sharding import LoaderPlan, StepLayout
 from toolkit.spec import TrainSpec
 
@@ -74,6 +81,13 @@ class Run:
         self._start = DataPosition()  # where the next run.steps() begins
         self._position = DataPosition()  # after the step last handed out by run.steps()
         self._preemption: Preemption | None = None
+        self._saver = Saver(
+            spec,
+            backend,
+            rank=env.rank,
+            ranks=env.world_size,
+            global_batch=self.layout().global_batch,
+        )
         if spec.checkpoint.save_on_signal:
             self._preemption = Preemption()
             self._preemption.install()
@@ -193,11 +207,13 @@ class Run:
         self.step += 1
         self._show(**{self.loss_label: f"{loss:.4g}"})
         every = self.spec.checkpoint.every_steps
-        saved = None
         if every and self.step % every == 0:
-            saved = self.save()
+            self._saver.periodic(self.step, self._position)
         if self._preemption is not None and self._preemption.agreed(self.backend):
-            saved = saved or self.save()
+            self._saver.settle(self.step)
+            saved = self._checkpoint_root(None) / step_name(self.step)
+            if self._saver.saved_step != self.step:
+                saved = self.save()
             received = self._preemption.received
             self.shutdown()
             raise exit_preempted(self.step, str(saved), self.rank, received)
@@ -270,38 +286,11 @@ class Run:
 
         Collective: every rank calls it. Holds full fp32 weights, optimizer state, schedule
         position, loss scaler, every rank's random generators and the data position
-        (toolkit.checkpoint). In checkpoint.dir the newest checkpoint.keep are kept.
+        (toolkit.checkpoint). In checkpoint.dir the newest checkpoint.keep are kept. Always
+        synchronous (a background save in flight is finished first); a save that cannot be
+        written raises SaveFailed on every rank and leaves what was saved before as it was.
         """
-        root = self._checkpoint_root(path)
-        share = self.backend.capture_state()
-        share.arrays.update(host_rng_arrays(self.rank))
-        pending = begin_save(root, self.step, rank=self.rank, ranks=self.world_size)
-        for section in ("model", "optimizer", "arrays"):
-            pending.write(section, getattr(share, section))
-        pending.finish()
-        self.barrier()
-        if self.is_main:
-            origin = Origin(
-                backend=self.spec.backend,
-                framework=self.spec.framework_name,
-                world_size=self.world_size,
-                spec=self.spec.to_dict(),
-            )
-            extras = {**share.extras, "data": self._position.to_json(self.layout().global_batch)}
-            in_spec_dir = self.spec.checkpoint.dir is not None and root == Path(
-                self.spec.checkpoint.dir
-            )
-            commit_save(
-                root,
-                self.step,
-                ranks=self.world_size,
-                origin=origin,
-                scalars=share.scalars,
-                extras=extras,
-                keep=self.spec.checkpoint.keep if in_spec_dir else 0,
-            )
-        self.barrier()
-        return root / step_name(self.step)
+        return self._saver.save(self._checkpoint_root(path), self.step, self._position)
 
     def load(self, path: str | os.PathLike[str]) -> None:
         """Continue from the checkpoint at `path` (a checkpoint directory, whose latest is
@@ -355,7 +344,11 @@ class Run:
         self.backend.barrier()
 
     def shutdown(self) -> None:
-        self.backend.shutdown()
+        """Finish a background save in flight, then release the engine; safe to call twice."""
+        try:
+            self._saver.close()
+        finally:
+            self.backend.shutdown()
 
 
 def init(spec: TrainSpec, *, launcher: str | None = None, argv: Sequence[str] | None = None) -> Run:

@@ -803,6 +803,21 @@ class CheckpointSpec(Section):
         "launch` stops ranks that take longer.",
     )
 
+    async_: bool = Field(
+        default=False,
+        alias="async",
+        description="Write the every_steps saves in a background thread: the step copies its "
+        "state to host memory and training goes on while the files are written and committed; "
+        "at most one save in flight. run.save() and a preemption's save stay synchronous.",
+    )
+    save_failure: Literal["stop", "continue"] = Field(
+        default="stop",
+        description="When an every_steps save cannot be written (disk full, permissions): "
+        "stop ends the job with status 74 and the error in one line; continue says so in one "
+        "line and trains on, `latest` staying on the previous checkpoint. Either way nothing "
+        "saved before is lost.",
+    )
+
     @field_validator("every_steps", "save_on_signal")
     @classmethod
     def _saves_need_a_dir(cls, value: int | bool, info: ValidationInfo) -> int | bool:
@@ -813,5 +828,16 @@ class CheckpointSpec(Section):
             raise field_error(
                 "needs checkpoint.dir (where to save)",
                 f"set checkpoint.dir, e.g. checkpoint: {{dir: ckpt, {example}}}",
+            )
+        return value
+
+    @field_validator("async_")
+    @classmethod
+    def _async_needs_periodic_saves(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("every_steps") == 0:
+            raise field_error(
+                "applies to the every_steps saves, and every_steps is 0",
+                "set checkpoint.every_steps, e.g. checkpoint: {dir: ckpt, every_steps: 100, "
+                "async: true}, or remove async",
             )
         return value
