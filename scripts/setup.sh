@@ -86,12 +86,13 @@ apt_ensure() {
 step "1/7 system packages (Open MPI, CMake, compilers)"
 apt_ensure libopenmpi-dev openmpi-bin cmake g++ make git
 
-step "2/7 test cluster packages (OpenSSH server, Slurm, munge, pdsh)"
+step "2/7 test cluster packages (OpenSSH server, Slurm, munge, pdsh, iproute2)"
 # tests/cluster starts its own sshd, munged, slurmctld and slurmd with private configurations
 # under a temporary directory; it never uses the system services. On a machine with systemd,
 # installing these packages also enables their system services (sshd on port 22, munge).
+# iproute2's `ip netns` makes the namespace hosts (tests/cluster/netns.py).
 if [ "$TEST_CLUSTER" = 1 ]; then
-  apt_ensure openssh-server openssh-client slurm-wlm slurmctld slurmd munge pdsh
+  apt_ensure openssh-server openssh-client slurm-wlm slurmctld slurmd munge pdsh iproute2
 else
   echo "skipped (TOOLKIT_TEST_CLUSTER=$TEST_CLUSTER): tests/cluster will skip"
 fi

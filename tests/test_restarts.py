@@ -16,7 +16,7 @@ from toolkit.exit_status import SAVE_FAILED
 from toolkit.launch.heartbeat import RankRecord
 from toolkit.launch.outcome import PREEMPTED, LaunchResult, describe_status, exit_code
 from toolkit.launch.preemption import PassOn
-from toolkit.launch.restarts import with_restarts
+from toolkit.launch.restarts import CannotRestart, with_restarts
 from toolkit.spec import SpecError, TrainSpec
 
 FAILED = LaunchResult(137, failed_rank=1, failed_host="h", reason="rank 1 on host h was killed")
@@ -26,7 +26,8 @@ def attempts(*results: LaunchResult) -> tuple[list[LaunchResult], list[str], Lau
     """Run the loop over `results` (one per start) with two restarts allowed."""
     pending, started, said = list(results), [], []
 
-    def start() -> LaunchResult:
+    def start(restart: int) -> LaunchResult:
+        assert restart == len(started)
         started.append(pending.pop(0))
         return started[-1]
 
@@ -109,3 +110,16 @@ def test_a_preemption_tells_each_rank_on_this_host_once(tmp_path: Path) -> None:
         preemption.tell([here], "here")  # told already: not signalled again
         assert preemption.told == {child.pid}
         assert not preemption.expired()
+
+
+def test_a_restart_that_cannot_start_ends_with_the_failure_before_it_and_says_why() -> None:
+    said: list[str] = []
+
+    def start(restart: int) -> LaunchResult:
+        if restart:
+            raise CannotRestart("1 rank(s) left, fewer than launch.min_np=2")
+        return FAILED
+
+    final = with_restarts(start, 2, lambda: "step 3", said.append)
+    assert final is FAILED
+    assert said[-1] == "toolkit launch: not restarting: 1 rank(s) left, fewer than launch.min_np=2"

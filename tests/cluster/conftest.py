@@ -1,5 +1,7 @@
 """Test clusters the tests start and stop themselves: ssh "hosts" on loopback addresses behind
-private sshds (tests/cluster/sshd.py) and a single-machine Slurm (tests/cluster/slurm.py).
+private sshds (tests/cluster/sshd.py), hosts in network namespaces with a link of their own
+(tests/cluster/netns.py, where root can make them) and a single-machine Slurm
+(tests/cluster/slurm.py).
 
 Both are session-scoped, live under pytest's temporary directory, change no system file, come
 up in about a second, and skip with one line when Debian's packages are missing
@@ -13,6 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.cluster.netns import NamespaceCluster, start_namespace_cluster
 from tests.cluster.processes import ClusterUnavailable, describe_processes, terminate, wait_until
 from tests.cluster.slurm import SlurmCluster, start_slurm_cluster
 from tests.cluster.sshd import SshCluster, start_ssh_cluster
@@ -30,6 +33,17 @@ def ssh_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshCluster
             yield cluster
     except ClusterUnavailable as missing:
         pytest.skip(f"ssh test cluster unavailable: {missing}")
+
+
+@pytest.fixture(scope="session")
+def namespace_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NamespaceCluster]:
+    """Three hosts, 10.77.0.11-13, each a network namespace with its own sshd; a test that
+    cuts a link mends it before it ends."""
+    try:
+        with start_namespace_cluster(tmp_path_factory.mktemp("netns"), 3) as cluster:
+            yield cluster
+    except ClusterUnavailable as missing:
+        pytest.skip(f"namespace hosts unavailable: {missing}")
 
 
 @pytest.fixture(scope="session")

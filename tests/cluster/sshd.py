@@ -25,7 +25,7 @@ import os
 import shlex
 import subprocess
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -133,9 +133,9 @@ class SshCluster:
     """
 
     hosts: tuple[str, ...]
-    """The hosts launchers see as remote: 127.0.0.2 and 127.0.0.3."""
+    """The hosts launchers see as remote: 127.0.0.2 and 127.0.0.3 (or the namespace hosts)."""
     addresses: tuple[str, ...]
-    """Every address an sshd serves: 127.0.0.1 and the hosts."""
+    """Every address an sshd serves: 127.0.0.1 and the hosts (or the hosts alone)."""
     port: int
     identity_file: Path
     config_file: Path
@@ -201,9 +201,17 @@ def _keygen(path: Path) -> None:
 
 
 @contextmanager
-def start_ssh_cluster(root: Path) -> Iterator[SshCluster]:
+def start_ssh_cluster(
+    root: Path,
+    hosts: Sequence[str] = REMOTE_HOSTS,
+    addresses: Sequence[str] = ADDRESSES,
+    run_at: Callable[[str, list[str]], list[str]] = lambda _address, argv: argv,
+    port: int | None = None,
+) -> Iterator[SshCluster]:
     """Start one sshd per address under `root`; stop them and their sessions on exit.
-    Raises ClusterUnavailable (one line) when openssh-server or openssh-client is missing."""
+    By default the loopback hosts; `run_at(address, argv)` says how to start a program where
+    that address lives (tests/cluster/netns.py: inside its namespace). Raises
+    ClusterUnavailable (one line) when openssh-server or openssh-client is missing."""
     sshd = program("sshd", "openssh-server")
     ssh = program("ssh", "openssh-client")
     root.mkdir(parents=True, exist_ok=True)
@@ -216,7 +224,7 @@ def start_ssh_cluster(root: Path) -> Iterator[SshCluster]:
         PRIVSEP_DIR.mkdir(mode=0o755, exist_ok=True)
     except PermissionError:
         raise ClusterUnavailable(f"sshd needs {PRIVSEP_DIR}: create it as root") from None
-    port = free_port(ADDRESSES)
+    port = free_port(addresses) if port is None else port
     marker = uuid.uuid4().hex
     config_file = root / "ssh_config"
     config_file.write_text(CLIENT_CONFIG.format(port=port, identity=identity))
@@ -232,7 +240,7 @@ def start_ssh_cluster(root: Path) -> Iterator[SshCluster]:
 
     daemons: dict[str, Daemon] = {}
     try:
-        for address in ADDRESSES:
+        for address in addresses:
             config = root / f"sshd_config.{address}"
             config.write_text(
                 SSHD_CONFIG.format(
@@ -246,7 +254,7 @@ def start_ssh_cluster(root: Path) -> Iterator[SshCluster]:
                     marker=marker,
                 )
             )
-            argv = [sshd, "-D", "-e", "-f", str(config)]
+            argv = run_at(address, [sshd, "-D", "-e", "-f", str(config)])
             daemons[address] = Daemon(
                 f"sshd {address}", argv, root / f"sshd.{address}.log", clean_env(os.environ)
             )
@@ -258,8 +266,8 @@ def start_ssh_cluster(root: Path) -> Iterator[SshCluster]:
                 daemons=[daemon],
             )
         cluster = SshCluster(
-            hosts=REMOTE_HOSTS,
-            addresses=ADDRESSES,
+            hosts=tuple(hosts),
+            addresses=tuple(addresses),
             port=port,
             identity_file=identity,
             config_file=config_file,

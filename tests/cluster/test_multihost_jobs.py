@@ -17,8 +17,9 @@ Jobs start as the README shows them, too: from the project directory with a rela
 path, which the remote ranks resolve in the same directory.
 
 Not run here: a network partition. The ranks talk over 127.0.0.1 (lo's address), not the host
-addresses, so dropping a host address's traffic would cut ssh but not the ranks. A lost host
-(below) is the nearest: its processes freeze, so its peers wait instead of failing.
+addresses, so dropping a host address's traffic would cut ssh but not the ranks; the namespace
+hosts of test_namespace_hosts.py cut a real link. A lost host (below) is the loopback hosts'
+nearest: its processes freeze, so its peers wait instead of failing.
 """
 
 from __future__ import annotations

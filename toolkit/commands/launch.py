@@ -35,9 +35,10 @@ from toolkit.commands._output import add_spec
 from toolkit.device import Device, check_gpus_for_ranks, resolve_device
 from toolkit.errors import ToolkitError
 from toolkit.gpu_facts import visible_gpus
+from toolkit.launch.elastic import shrinking
 from toolkit.launch.heartbeat import INTERVAL
-from toolkit.launch.outcome import EXIT_STATUS_HELP
-from toolkit.launch.restarts import with_restarts
+from toolkit.launch.outcome import EXIT_STATUS_HELP, LaunchResult
+from toolkit.launch.restarts import CannotRestart, say, with_restarts
 from toolkit.launch.runner import execute, launch_plan_here
 from toolkit.launch.slurm import allocation_tasks
 from toolkit.launch.supervisor import DEFAULT_STALL_SECONDS
@@ -69,6 +70,8 @@ def format_plan(plan: LaunchPlan, device: str | None = None, layout: str | None 
         lines += [f"  {line}" for line in content.splitlines()]
     if plan.run_on:
         lines.append(f"runs on: {', '.join(plan.run_on)}")
+    for host, env in plan.host_env.items():
+        lines.append(f"env on {host}: {_env_line(env)}")
     if plan.env_file:
         lines.append(f"env file (the launcher exports it to every host): {plan.env_file}")
     if plan.note:
@@ -193,10 +196,26 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if stall_timeout is None:
         stall_timeout = spec.timeouts.stall_s
+    restart_spec = (
+        (lambda: spec)
+        if spec.launch.min_np is None
+        else shrinking(spec, spec.launch.python or sys.executable, say)
+    )
+
+    def start(restart: int) -> LaunchResult:
+        """The first start, or a restart; a restart that cannot begin (a host gone, without
+        launch.min_np) ends the job with the failure before it."""
+        current = restart_spec() if restart else spec
+        current_plan = plan if current is spec else launch_plan_here(current, args.command)
+        try:
+            return execute(current_plan, current, timeout=timeout, stall_timeout=stall_timeout)
+        except ToolkitError as error:
+            if not restart:
+                raise
+            raise CannotRestart(error.message) from None
+
     result = with_restarts(
-        lambda: execute(plan, spec, timeout=timeout, stall_timeout=stall_timeout),
-        spec.launch.max_restarts,
-        lambda: resume_point(spec.checkpoint.dir),
+        start, spec.launch.max_restarts, lambda: resume_point(spec.checkpoint.dir)
     )
     if not result.ok:
         print(f"toolkit launch: {result.report()}", file=sys.stderr)

@@ -59,9 +59,8 @@ def ssh_argv(
 def check_hosts(ssh: SshSpec, hosts: Sequence[str], python: str) -> None:
     """Every host answers ssh without a prompt and runs this interpreter with the toolkit; the
     first one that does not is a one-line error naming the host, what failed and the fix."""
-    probe = [python, "-c", "import toolkit"]
     with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
-        problems = list(pool.map(lambda host: _check(ssh, host, probe), hosts))
+        problems = list(pool.map(lambda host: host_problem(ssh, host, python), hosts))
     for host, problem in zip(hosts, problems, strict=True):
         if problem is not None:
             raise ToolkitError(
@@ -71,7 +70,10 @@ def check_hosts(ssh: SshSpec, hosts: Sequence[str], python: str) -> None:
             )
 
 
-def _check(ssh: SshSpec, host: str, probe: Sequence[str]) -> str | None:
+def host_problem(ssh: SshSpec, host: str, python: str) -> str | None:
+    """Why `host` cannot run a rank now (ssh fails, or `python` there lacks the toolkit), or
+    None when it can."""
+    probe = [python, "-c", "import toolkit"]
     try:
         done = subprocess.run(
             ssh_argv(ssh, host, probe),
@@ -141,6 +143,8 @@ class RemoteHosts:
     """Rank -> host, where the plan decides it."""
     run_on: tuple[str, ...] = ()
     """Hosts on which the launcher itself runs once each (torchrun); empty = once, here."""
+    host_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    """Variables the launcher gets on one host of `run_on` only."""
     env_file: Path | None = None
     """File of NAME=VALUE lines the launcher exports to every host (see `env_variable`)."""
     env_variable: str = "DS_ENV_FILE"

@@ -22,26 +22,36 @@ def say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+class CannotRestart(Exception):
+    """The job cannot start again (toolkit.launch.elastic: too few ranks answer); the
+    message says why."""
+
+
 def with_restarts(
-    start: Callable[[], LaunchResult],
+    start: Callable[[int], LaunchResult],
     max_restarts: int,
     resume_point: Callable[[], str],
     report: Callable[[str], None] = say,
 ) -> LaunchResult:
-    """Run `start()` until it succeeds, ends on request, or has failed `max_restarts` + 1
-    times; the last result is returned. Before each restart `report` gets the failure's
-    report and one line: which restart, from where (`resume_point()`), how long the failed
-    attempt ran."""
-    restarts = 0
-    while True:
-        began = time.monotonic()
-        result = start()
-        final = result.ok or result.by_request or result.preempted or result.save_failed
-        if final or restarts == max_restarts:
-            return result
-        restarts += 1
+    """Run `start(restart)` (0 for the first start) until it succeeds, ends on request, or
+    has failed `max_restarts` + 1 times; the last result is returned. Before each restart
+    `report` gets the failure's report and one line: which restart, from where
+    (`resume_point()`), how long the failed attempt ran. A start that raises CannotRestart
+    ends the job with the failure before it, and the reason in one line."""
+    began = time.monotonic()
+    result = start(0)
+    for restart in range(1, max_restarts + 1):
+        if result.ok or result.by_request or result.preempted or result.save_failed:
+            break
         report(f"toolkit launch: {result.report()}")
         report(
-            f"toolkit launch: restart {restarts} of {max_restarts} after "
+            f"toolkit launch: restart {restart} of {max_restarts} after "
             f"{time.monotonic() - began:.0f} s, continuing from {resume_point()}"
         )
+        began = time.monotonic()
+        try:
+            result = start(restart)
+        except CannotRestart as reason:
+            report(f"toolkit launch: not restarting: {reason}")
+            break
+    return result

@@ -117,6 +117,7 @@ def _remote_hosts(plan: LaunchPlan, spec: TrainSpec) -> RemoteHosts | None:
         heartbeat_host=_heartbeat_host(spec.launch.interface),
         placement={rank.rank: rank.host for rank in plan.ranks} if ordered else {},
         run_on=plan.run_on,
+        host_env=plan.host_env,
         env_file=Path(plan.env_file) if plan.env_file else None,
         cwd=Path.cwd(),
     )

@@ -100,7 +100,9 @@ def run_launcher(
         if remote is not None and remote.run_on:
             for host in remote.run_on:
                 label = f"{os.path.basename(argv[0])} on {host}"
-                job.start(remote.command(host, argv, forwarded), base, rank=None, label=label)
+                own = dict(remote.host_env.get(host, {}))
+                command = remote.command(host, argv, forwarded | own)
+                job.start(command, base | own, rank=None, label=label)
         else:
             if remote is not None and remote.env_file is not None:
                 base[remote.env_variable] = str(remote.write_env_file(forwarded))

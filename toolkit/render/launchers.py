@@ -71,7 +71,7 @@ from toolkit.render.layout import (
     requested_gpus,
     uniform_slots,
 )
-from toolkit.spec import SpecError, TrainSpec
+from toolkit.spec import Host, SpecError, TrainSpec
 from toolkit.spec.hosts import LOCAL_NAMES
 
 RUNTIME = "<set at run time>"
@@ -128,6 +128,8 @@ class LaunchPlan:
     run_on: tuple[str, ...] = ()
     """Hosts on which `argv` itself runs, once each (torchrun on several hosts; `toolkit
     launch` starts it there over ssh); empty = once, on this machine."""
+    host_env: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Variables added on one host of `run_on` only: host -> NAME -> value."""
     env_file: str | None = None
     """A file of NAME=VALUE lines the launcher exports on every host (the deepspeed launcher's
     DS_ENV_FILE): the runner writes `env` and the forwarded variables into it."""
@@ -413,7 +415,27 @@ def torchrun(spec: TrainSpec, command: list[str], ctx: LaunchContext) -> LaunchP
         ranks=_ranks(spec, env_of),
         note=note,
         run_on=tuple(host.name for host in hosts) if several else (),
+        host_env=_agent_env(hosts, spec.master_addr) if several else {},
     )
+
+
+def _agent_env(hosts: Sequence[Host], master_addr: str) -> dict[str, dict[str, str]]:
+    """Tell each torchrun agent whether it hosts the rendezvous store (the first host, at
+    `master_addr`) and the address the others reach it by. Left to itself, torchrun guesses
+    both from the machine's hostname: it hosts the store only when the endpoint matches the
+    hostname or its addresses, which misses an address on a second network (its own docs say
+    so; then no agent hosts it and all wait until the rendezvous times out), and it publishes
+    its fully qualified name for the ranks' process group, which may not resolve to that
+    network either. PET_RDZV_CONF and PET_LOCAL_ADDR are torchrun's environment forms of
+    --rdzv-conf and --local-addr."""
+    first = hosts[0].name
+
+    def agent(host: Host) -> dict[str, str]:
+        is_host = host.name == first
+        address = master_addr if is_host else host.name
+        return {"PET_RDZV_CONF": f"is_host={int(is_host)}", "PET_LOCAL_ADDR": address}
+
+    return {host.name: agent(host) for host in hosts}
 
 
 def srun(spec: TrainSpec, command: list[str], ctx: LaunchContext) -> LaunchPlan:

@@ -249,6 +249,7 @@ class TrainSpec(Section):
             issues += rules.world_issues(
                 launch, backend, framework, data["batch"], data["parallel"], data["tf"]
             )
+            issues += rules.elastic_issues(launch, data["batch"])
         _raise(issues)
         return launch
 

@@ -205,6 +205,51 @@ def restart_issues(launch: LaunchSpec, checkpoint: CheckpointSpec) -> Iterator[S
         )
 
 
+def elastic_issues(launch: LaunchSpec, batch: BatchSpec) -> Iterator[SpecIssue]:
+    """launch.min_np acts when a restart finds hosts gone (toolkit.launch.elastic): it needs
+    restarts, hosts to lose, and a global batch that the smaller world keeps."""
+    min_np = launch.min_np
+    if min_np is None:
+        return
+    allowed_world = fixed_world_size(launch)
+    if not launch.max_restarts:
+        yield _issue(
+            "launch.min_np",
+            min_np,
+            "null while launch.max_restarts is 0 (the job shrinks when it restarts)",
+            "set launch.max_restarts, e.g. 2, or launch.min_np: null",
+        )
+    if len(launch.hosts) < 2:
+        yield _issue(
+            "launch.min_np",
+            min_np,
+            "null without two or more launch.hosts (it continues on the hosts that answer)",
+            "list the job's hosts in launch.hosts, or set launch.min_np: null",
+        )
+    elif allowed_world is not None and min_np > allowed_world:
+        yield _issue(
+            "launch.min_np",
+            min_np,
+            f"at most the job's world size ({allowed_world})",
+            f"set launch.min_np between 1 and {allowed_world}",
+        )
+    if batch.global_ is None:
+        yield _issue(
+            "launch.min_np",
+            min_np,
+            "null without batch.global (a smaller world keeps the global batch)",
+            "set batch.global and batch.micro: accumulation then follows the world size",
+        )
+    elif batch.micro is not None and batch.accumulation is not None:
+        yield _issue(
+            "launch.min_np",
+            min_np,
+            "null when batch gives global, micro and accumulation (accumulation must follow "
+            "the world size)",
+            "give batch.global and batch.micro only",
+        )
+
+
 def port_issues(
     launch: LaunchSpec, backend: str, framework: str | None, sections: Mapping[str, Any]
 ) -> Iterator[SpecIssue]:

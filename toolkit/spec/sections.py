@@ -699,6 +699,15 @@ class LaunchSpec(Section):
         "stalls or loses its host; each start resumes from checkpoint.dir's newest checkpoint "
         "that verifies. 0 = a fault ends the job.",
     )
+    min_np: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_RANKS,
+        description="Fewest ranks a restarted job may go on with: before each restart the "
+        "hosts are asked again, and the job continues on those that answer when their slots "
+        "hold at least min_np ranks, resuming at that world size with the global batch held "
+        "(accumulation follows); null = every host, every time.",
+    )
     interface: (
         Annotated[str, Text("a network interface name", "e.g. eth0 or lo", INTERFACE)] | None
     ) = Field(
