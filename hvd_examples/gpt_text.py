@@ -57,10 +57,13 @@ os.environ.setdefault("USE_TF", "0")
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argument_parser(__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
+    parser.add_argument("--width", type=int, default=64, help="embedding width (n_embd)")
+    parser.add_argument("--layers", type=int, default=2, help="transformer blocks (n_layer)")
     return parse_checked(parser, argv)
 
 
-def model_config() -> Any:
+def model_config(width: int = 64, layers: int = 2) -> Any:
+    """The example's model: two heads of `width` / 2 each, `layers` blocks."""
     from transformers import GPT2Config
 
     # No dropout: each rank would draw its own random masks, so the weights would depend on
@@ -68,8 +71,8 @@ def model_config() -> Any:
     return GPT2Config(
         vocab_size=VOCAB,
         n_positions=BLOCK,
-        n_embd=64,
-        n_layer=2,
+        n_embd=width,
+        n_layer=layers,
         n_head=2,
         resid_pdrop=0.0,
         embd_pdrop=0.0,
@@ -117,9 +120,9 @@ def token_sums(outputs: Any, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
     return {"loss_sum": outputs.loss * tokens, "count": tokens}
 
 
-def strict_load(weights: dict[str, np.ndarray]) -> torch.nn.Module:
-    """A fresh model holding `weights`: every name of its state_dict, none other."""
-    model = build_model()
+def strict_load(weights: dict[str, np.ndarray], config: Any = None) -> torch.nn.Module:
+    """A fresh model of `config` holding `weights`: every name of its state_dict, none other."""
+    model = build_model(config)
     model.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()}, strict=True)
     return model.eval()
 
@@ -141,7 +144,8 @@ def main() -> int:
     steps = steps_to_train(args, spec)
     run = toolkit.init(spec)
     torch.manual_seed(spec.seed)  # every rank builds the same initial weights
-    run.prepare(build_model())
+    config = model_config(args.width, args.layers)
+    run.prepare(build_model(config))
     train_blocks, held_out = corpus_splits()
     train_loader = run.loader(train_blocks, num_workers=args.workers)
     eval_loader = run.loader(held_out, shuffle=False)
@@ -159,7 +163,7 @@ def main() -> int:
         args,
         run.full_state_dict(),
         trained,
-        lambda weights: continue_text(strict_load(weights), PROMPT),
+        lambda weights: continue_text(strict_load(weights, config), PROMPT),
         title,
     )
     run.shutdown()
