@@ -13,6 +13,9 @@ of the first failure of each kind.
 
     .venv/bin/python scripts/soak.py --until 50 --out docs/soak
     .venv/bin/python scripts/soak.py --until 5 --engines zero1 ddp --out /tmp/soak   # a look
+
+With --chaos it is the chaos soak instead (scripts/chaos.py): jobs with restarts, hit by
+faults, against the weights of the run that lost nothing.
 """
 
 from __future__ import annotations
@@ -142,6 +145,10 @@ def write_report(records: list[dict[str, Any]], out: Path, engines: list[str]) -
 
 
 def main() -> int:
+    if "--chaos" in sys.argv[1:]:
+        import chaos  # beside this script
+
+        return chaos.main(chaos.parse_args(sys.argv[1:]))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--until", type=int, default=50, help="runs per engine on record")
     parser.add_argument("--epochs", type=int, default=1)
