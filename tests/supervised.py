@@ -113,3 +113,13 @@ def gone(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+def ended(job: subprocess.Popen[bytes], bound: float) -> tuple[int, float]:
+    """(status, seconds) of a job that must end by itself within `bound`."""
+    started = time.monotonic()
+    try:
+        return job.wait(timeout=bound), time.monotonic() - started
+    finally:
+        job.kill()
+        job.wait()

@@ -29,7 +29,6 @@ import dataclasses
 import os
 import re
 import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -41,7 +40,7 @@ import yaml
 from tests.cluster.sshd import SshCluster, start_ssh_cluster
 from tests.options import FULL_CLUSTER
 from tests.realrun import BIN, ROOT, SPECS, rank_env, run
-from tests.supervised import CONTRACT_SECONDS, start_training_job, wait_for_ranks
+from tests.supervised import CONTRACT_SECONDS, ended, start_training_job, wait_for_ranks
 from toolkit.parity.cases import all_cases, merge
 from toolkit.parity.harness import Harness
 from toolkit.ports import free_port
@@ -133,16 +132,6 @@ def stall_spec(cluster: SshCluster, launcher: str, directory: Path) -> Path:
     path = directory / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
-
-
-def ended(job: subprocess.Popen[bytes], bound: float) -> tuple[int, float]:
-    """(status, seconds) of a job that must end by itself within `bound`."""
-    started = time.monotonic()
-    try:
-        return job.wait(timeout=bound), time.monotonic() - started
-    finally:
-        job.kill()
-        job.wait()
 
 
 def assert_nothing_left(cluster: SshCluster) -> None:

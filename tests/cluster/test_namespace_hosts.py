@@ -26,7 +26,7 @@ import yaml
 from tests.cluster.netns import NamespaceCluster
 from tests.realrun import BIN, ROOT, SPECS, json_objects, rank_env, run
 from tests.resuming import weights
-from tests.supervised import CONTRACT_SECONDS, start_training_job, wait_for_ranks
+from tests.supervised import CONTRACT_SECONDS, ended, start_training_job, wait_for_ranks
 from toolkit.parity.cases import TOLERANCE, all_cases, merge
 from toolkit.parity.harness import Harness, weight_deviation
 from toolkit.ports import free_port
@@ -86,16 +86,6 @@ def test_a_relative_script_path_runs_on_namespace_hosts(
     script = ["hvd_examples/torch_digits.py", "--epochs", "1", "--min-accuracy", "0"]
     result = run([str(BIN / "toolkit"), "launch", "--spec", str(path), "--", *script], cwd=ROOT)
     assert result.returncode == 0, result.explain()
-
-
-def ended(job: subprocess.Popen[bytes], bound: float) -> tuple[int, float]:
-    """(status, seconds) of a job that must end by itself within `bound`."""
-    started = time.monotonic()
-    try:
-        return job.wait(timeout=bound), time.monotonic() - started
-    finally:
-        job.kill()
-        job.wait()
 
 
 @pytest.mark.usefixtures("nothing_left")
