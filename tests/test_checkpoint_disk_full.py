@@ -72,7 +72,10 @@ def assert_step_1_is_kept(checkpoints: Path, output: str) -> None:
 
 
 def said_about_step_2(output: str, disk: Path) -> list[str]:
-    return [line for line in output.splitlines() if f"could not save step 2 to {disk}: " in line]
+    """The ranks' own lines about step 2's save (`toolkit launch` tags them "[rank N]"); the
+    launcher's final report may quote the failed rank's last lines again, untagged."""
+    said = f"could not save step 2 to {disk}: "
+    return [line for line in output.splitlines() if line.startswith("[rank") and said in line]
 
 
 def test_a_full_disk_stops_the_job_in_one_line_and_keeps_the_last_checkpoint(
