@@ -39,7 +39,7 @@ def on_hosts_that_answer(spec: TrainSpec, gone: Mapping[str, str]) -> TrainSpec:
         return spec
     kept = [entry for entry in spec.launch.hosts if parse_host(entry).name not in gone]
     world = ranks_on(kept, spec.launch.np)
-    lost = ", ".join(f"{host} ({why})" for host, why in gone.items())
+    lost = listed(gone)
     if world < min_np:
         raise CannotRestart(
             f"{world} rank(s) left on the hosts that answer, fewer than launch.min_np={min_np}; "
@@ -68,7 +68,7 @@ def shrinking(
         smaller = on_hosts_that_answer(spec, gone)
         if smaller is not spec:
             kept = smaller.launch.hosts
-            lost = ", ".join(f"{host} ({why})" for host, why in gone.items())
+            lost = listed(gone)
             report(
                 f"toolkit launch: not answering: {lost}; continuing on "
                 f"{len(kept)} of {len(names)} hosts with {ranks_on(kept, smaller.launch.np)} "
@@ -83,3 +83,8 @@ def ranks_on(hosts: Sequence[str], np: int | None) -> int:
     """The world size `hosts` give: their slots, capped by launch.np where it is set."""
     slots = sum(parse_host(entry).slots for entry in hosts)
     return slots if np is None else min(np, slots)
+
+
+def listed(gone: Mapping[str, str]) -> str:
+    """The hosts that do not answer, each with what failed, for one line."""
+    return ", ".join(f"{host} ({why})" for host, why in gone.items())
