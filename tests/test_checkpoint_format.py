@@ -26,7 +26,7 @@ from toolkit.checkpoint import (
     split_optimizer_key,
     write_checkpoint,
 )
-from toolkit.checkpoint.fragments import Fragment
+from toolkit.checkpoint.fragments import Block, Fragment
 from toolkit.checkpoint.manifest import checksum_line
 from toolkit.checkpoint.tensorfile import DTYPES
 from toolkit.errors import ToolkitError
@@ -357,3 +357,63 @@ def test_a_fragment_that_does_not_fit_its_tensor_is_refused(tmp_path: Path) -> N
     pending = begin_save(tmp_path, 1, rank=0, ranks=2)
     with pytest.raises(ToolkitError, match="does not fit a tensor of shape"):
         pending.write("model", {"w": Fragment(np.zeros(5), 10, (3, 4))})
+
+
+Placed = tuple[tuple[int, int], tuple[int, int]]
+"""A block of a 6 x 4 tensor: its (row, column) start and its (rows, columns)."""
+
+
+def write_blocks(root: Path, blocks: list[Placed]) -> None:
+    """Rank r writes blocks[r] of one 6 x 4 tensor."""
+    whole = np.arange(24, dtype=np.float32).reshape(6, 4)
+    for rank, ((row, column), (rows, columns)) in enumerate(blocks):
+        pending = begin_save(root, 1, rank=rank, ranks=len(blocks))
+        data = whole[row : row + rows, column : column + columns]
+        pending.write("model", {"w": Block(data, (row, column), (6, 4))})
+        pending.finish()
+
+
+def test_dtensor_blocks_on_a_2d_mesh_are_read_whole(tmp_path: Path) -> None:
+    """FSDP x tensor parallel 2: rows split by FSDP, columns by the tensor-parallel ranks, and
+    uneven rows (3 + 2 + 1), as DTensor places a rowwise-parallel weight."""
+    write_blocks(
+        tmp_path,
+        [((0, 0), (3, 2)), ((0, 2), (3, 2)), ((3, 0), (3, 2)), ((3, 2), (2, 2)), ((5, 2), (1, 2))],
+    )
+    commit_save(tmp_path, 1, ranks=5)
+    loaded = open_checkpoint(tmp_path).tensors("model")
+    np.testing.assert_array_equal(loaded["w"], np.arange(24, dtype=np.float32).reshape(6, 4))
+
+
+@pytest.mark.parametrize(
+    ("blocks", "message"),
+    [
+        ([((0, 0), (3, 4)), ((2, 0), (4, 4))], "blocks that overlap at"),
+        ([((0, 0), (3, 4)), ((3, 0), (2, 4))], "covering 20 of 24 elements"),
+    ],
+)
+def test_blocks_that_do_not_tile_the_tensor_are_refused(
+    tmp_path: Path, blocks: list[Placed], message: str
+) -> None:
+    with pytest.raises(ToolkitError, match=message):
+        write_blocks(tmp_path, blocks)
+        commit_save(tmp_path, 1, ranks=len(blocks))
+    assert latest(tmp_path) is None
+
+
+def test_a_tensor_stored_as_blocks_and_fragments_is_refused(tmp_path: Path) -> None:
+    whole = np.arange(12, dtype=np.float32).reshape(3, 4)
+    first = begin_save(tmp_path, 1, rank=0, ranks=2)
+    first.write("model", {"w": Block(whole[:1], (0, 0), (3, 4))})
+    first.finish()
+    second = begin_save(tmp_path, 1, rank=1, ranks=2)
+    second.write("model", {"w": Fragment(whole.reshape(-1)[4:], 4, (3, 4))})
+    second.finish()
+    with pytest.raises(ToolkitError, match="mixes blocks with flat fragments"):
+        commit_save(tmp_path, 1, ranks=2)
+
+
+def test_a_block_that_does_not_fit_its_tensor_is_refused(tmp_path: Path) -> None:
+    pending = begin_save(tmp_path, 1, rank=0, ranks=2)
+    with pytest.raises(ToolkitError, match="does not fit a tensor of shape"):
+        pending.write("model", {"w": Block(np.zeros((3, 4)), (3, 1), (6, 4))})

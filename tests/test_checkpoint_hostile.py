@@ -207,6 +207,12 @@ def first(manifest: dict[str, Any], path: str) -> dict[str, Any]:
     return next(record for record in manifest["files"] if record["path"] == path)
 
 
+def as_corner_block(manifest: dict[str, Any]) -> None:
+    """Make the first model tensor the only block of a whole twice its size in each dimension."""
+    entry = first(manifest, "model.safetensors")["tensors"][0]
+    entry["part"] = {"start": [0] * len(entry["shape"]), "of": [n * 2 for n in entry["shape"]]}
+
+
 MANIFEST_DAMAGE: dict[str, tuple[Callable[[dict[str, Any]], Any], str]] = {
     "newer format": (lambda m: m.update(format_version=2), "reads up to format 1"),
     "not ours": (lambda m: m.update(format="other"), "not a toolkit manifest"),
@@ -256,6 +262,13 @@ MANIFEST_DAMAGE: dict[str, tuple[Callable[[dict[str, Any]], Any], str]] = {
         ),
         "gap or an overlap at element 0",
     ),
+    "bad block": (
+        lambda m: first(m, "model.safetensors")["tensors"][0].update(
+            part={"start": [0, "x"], "of": [8, 8]}
+        ),
+        "has a bad block",
+    ),
+    "block of a bigger whole": (as_corner_block, "has parts covering"),
 }
 
 

@@ -21,13 +21,18 @@ import pytest
 from tests.options import FULL_RESUME
 from tests.realrun import BIN, PYTHON
 from tests.resuming import (
+    EVERY,
     OPTIMIZERS,
     Setup,
     assert_identical,
     assert_resumed,
     interrupted_then_resumed,
+    train,
     uninterrupted,
+    weights,
+    write_spec,
 )
+from toolkit.checkpoint import open_checkpoint
 from toolkit.parity.cases import TOLERANCE
 from toolkit.parity.harness import weight_deviation
 
@@ -113,3 +118,20 @@ def test_resume_under_another_engine_and_world_size_is_within_parity(
     resumed, result = interrupted_then_resumed(tmp_path, SETUPS, first, second, optimizer)
     assert_resumed(result, SETUPS[first], ranks=SETUPS[second].ranks)
     assert weight_deviation(resumed, reference) <= TOLERANCE["fp32"]
+
+
+def test_fsdp_and_tensor_parallel_ranks_write_their_own_blocks(tmp_path: Path) -> None:
+    """FSDP 2 x tensor parallel 2: every rank writes its DTensor blocks (FSDP's rows of the
+    tensor-parallel columns or rows, one copy of the replicated bias), nothing gathered, and
+    the blocks read back as the weights the run had."""
+    setup = Setup("fsdp", SETUPS["fsdp_tp2"].engine_lines, torchrun(4), 4)
+    checkpoints = tmp_path / "checkpoints"
+    spec = write_spec(tmp_path, "fsdp_tp4", setup, "adam", checkpoints)
+    train(setup, spec, "--stop-at", str(EVERY), "--out", str(tmp_path / "at-save.npz"))
+    checkpoint = open_checkpoint(checkpoints)
+    model_files = [record for record in checkpoint.manifest.files if record.section == "model"]
+    assert sorted(record.rank for record in model_files) == [0, 1, 2, 3]
+    assert all(entry.start is not None for record in model_files for entry in record.tensors)
+    assert_identical(checkpoint.tensors("model"), weights(tmp_path / "at-save.npz"))
+    optimizer_ranks = {r.rank for r in checkpoint.manifest.files if r.section == "optimizer"}
+    assert optimizer_ranks == {0, 1, 2, 3}

@@ -15,7 +15,8 @@ A checkpoint directory (`checkpoint.dir` in the spec) holds committed steps and 
 
 Tensors are safetensors (numpy, no pickle anywhere); a section's files are merged by tensor
 name when read, and a tensor may be stored in parts (`Fragment`: a rank's slice of the
-flattened tensor, as ZeRO partitions it) that the reader puts back together, so the
+flattened tensor, as ZeRO partitions it; `Block`: a rank's rectangular block, as FSDP and
+tensor parallelism shard it) that the reader puts back together, so the
 partitioning that wrote a checkpoint never matters to the one that reads it.
 
 For engine integration (the whole API; bad input, damaged or foreign files and failed
@@ -31,6 +32,8 @@ writes are each one ToolkitError naming the file):
     commit_save(DIR, step, ranks=n, origin, scalars, extras, keep)     rank 0 after a barrier
     Fragment(data, offset, shape)           a value for .write: elements [offset, offset +
                                             data.size) of the flattened tensor of `shape`
+    Block(data, start, shape)               a value for .write: the block of `shape` at
+                                            index `start` with data's shape
 
     latest(DIR) -> Path | None                                         newest complete step
     newest_verified(DIR) -> Newest(checkpoint, passed_over)            latest, or the newest
@@ -47,7 +50,7 @@ side: `Backend.capture_state` / `restore_state`). save_weights / load_weights, t
 weights-only .npz, are kept for files written before.
 """
 
-from toolkit.checkpoint.fragments import Fragment
+from toolkit.checkpoint.fragments import Block, Fragment
 from toolkit.checkpoint.legacy import load_weights, save_weights
 from toolkit.checkpoint.manifest import FORMAT_VERSION, SECTIONS, Manifest, Origin
 from toolkit.checkpoint.read import (
@@ -65,6 +68,7 @@ from toolkit.checkpoint.write import PendingSave, begin_save, commit_save, write
 __all__ = [
     "FORMAT_VERSION",
     "SECTIONS",
+    "Block",
     "Checkpoint",
     "CheckpointState",
     "Fragment",

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from toolkit.checkpoint.fragments import Fragment
+from toolkit.checkpoint.fragments import Part
 from toolkit.checkpoint.write import begin_save, wait_for_parts
 from toolkit.errors import ToolkitError
 
@@ -29,8 +30,8 @@ def snapshot(tensors: Mapping[str, Any]) -> dict[str, Any]:
     """Copies of `tensors` (arrays or Fragments) that training can no longer change."""
 
     def copy(value: Any) -> Any:
-        if isinstance(value, Fragment):
-            return Fragment(np.array(value.data, copy=True), value.offset, value.shape)
+        if isinstance(value, Part):
+            return replace(value, data=np.array(value.data, copy=True))
         return np.array(value, copy=True)
 
     return {name: copy(value) for name, value in tensors.items()}

@@ -214,12 +214,23 @@ def _tensor(check: _Checker, path: str, entry: Any) -> TensorEntry:
     if part is None:
         return TensorEntry(name, dtype, tuple(shape))
     check.that(isinstance(part, dict), f"{path}: tensor {name!r} has a bad part")
-    offset, whole = part.get("offset"), part.get("of")
+    whole = part.get("of")
     check.that(
-        type(offset) is int
-        and offset >= 0
-        and isinstance(whole, list)
-        and all(type(n) is int and n >= 0 for n in whole),
+        isinstance(whole, list) and all(type(n) is int and n >= 0 for n in whole),
+        f"{path}: tensor {name!r} has a bad part (whole shape)",
+    )
+    if "start" in part:
+        start = part.get("start")
+        check.that(
+            isinstance(start, list)
+            and len(start) == len(whole) == len(shape)
+            and all(type(n) is int and n >= 0 for n in start),
+            f"{path}: tensor {name!r} has a bad block (start, shape and whole shape)",
+        )
+        return TensorEntry(name, dtype, tuple(shape), part_of=tuple(whole), start=tuple(start))
+    offset = part.get("offset")
+    check.that(
+        type(offset) is int and offset >= 0,
         f"{path}: tensor {name!r} has a bad part (offset and whole shape)",
     )
     return TensorEntry(name, dtype, tuple(shape), offset=offset, part_of=tuple(whole))

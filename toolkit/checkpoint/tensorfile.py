@@ -53,11 +53,15 @@ class TensorEntry:
     offset: int | None = None
     """For a fragment: where its elements start in the flattened whole tensor."""
     part_of: tuple[int, ...] | None = None
-    """For a fragment: the whole tensor's shape (this entry's shape is then 1-D)."""
+    """For a part: the whole tensor's shape (a fragment's own shape is 1-D)."""
+    start: tuple[int, ...] | None = None
+    """For a block: where it starts in each dimension of the whole."""
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
-        if self.part_of is not None:
+        if self.start is not None and self.part_of is not None:
+            data["part"] = {"start": list(self.start), "of": list(self.part_of)}
+        elif self.part_of is not None:
             data["part"] = {"offset": self.offset, "of": list(self.part_of)}
         return data
 

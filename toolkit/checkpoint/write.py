@@ -31,7 +31,6 @@ import os
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
-from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from toolkit.checkpoint import layout
-from toolkit.checkpoint.fragments import Fragment, index_tensors
+from toolkit.checkpoint.fragments import Part, index_tensors
 from toolkit.checkpoint.manifest import (
     SECTIONS,
     FileRecord,
@@ -81,9 +80,9 @@ class PendingSave:
 
     def write(self, section: str, tensors: Mapping[str, Any], *, whole: bool = False) -> None:
         """Write the tensors of `section` ("model", "optimizer" or "arrays") this rank holds:
-        arrays, or `Fragment`s of tensors partitioned across ranks. `whole=True` means they
-        are the entire section (one file, named the same for every world size). An empty
-        mapping writes nothing."""
+        arrays, or `Fragment`s and `Block`s of tensors partitioned across ranks. `whole=True`
+        means they are the entire section (one file, named the same for every world size). An
+        empty mapping writes nothing."""
         if section not in SECTIONS:
             raise ToolkitError(f"section {section!r} is not one of {', '.join(SECTIONS)}")
         if not tensors:
@@ -93,16 +92,14 @@ class PendingSave:
         path = self.staging / f"{name}.safetensors"
         if any(record.path == path.name for record in self.records):
             raise ToolkitError(f"{path.name} was already written in this save")
-        parts = {name: value for name, value in tensors.items() if isinstance(value, Fragment)}
-        flat = {name: parts[name].flat(name) if name in parts else v for name, v in tensors.items()}
+        parts = {name: value for name, value in tensors.items() if isinstance(value, Part)}
+        stored = {n: parts[n].stored(n) if n in parts else v for n, v in tensors.items()}
         with _writing(path), open(path, "wb") as stream:
-            written = write_tensors(stream, flat)
+            written = write_tensors(stream, stored)
             stream.flush()
             os.fsync(stream.fileno())
         entries = tuple(
-            replace(entry, offset=parts[entry.name].offset, part_of=tuple(parts[entry.name].shape))
-            if entry.name in parts
-            else entry
+            parts[entry.name].placed(entry) if entry.name in parts else entry
             for entry in written.tensors
         )
         self.records.append(

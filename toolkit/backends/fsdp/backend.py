@@ -16,9 +16,10 @@ reduce-scatters its gradients; the optimizer steps on this rank's fp32 shards (D
 - Clipping is torch's `clip_grad_norm_` over the sharded gradients (DTensors: the norm is
   reduced over the ranks), the formula every engine uses.
 - Weights and checkpoints go through PyTorch's distributed checkpoint state-dict API
-  (`get_model_state_dict` / `set_model_state_dict` with full state dicts): full fp32 tensors by
-  state_dict name, the portable layout every engine reads, so checkpoints move between FSDP,
-  DDP and ZeRO.
+  (`get_model_state_dict` / `get_optimizer_state_dict`). A save writes each rank's DTensor
+  shards as `Block`s of the full fp32 tensors by state_dict name, with no gathering; a resume
+  reads the whole tensors and sets them as full state dicts. That is the portable layout every
+  engine reads, so checkpoints move between FSDP, DDP and ZeRO, and between layouts.
 """
 
 from __future__ import annotations
@@ -52,14 +53,12 @@ from toolkit.backends import torch_device, torch_state
 from toolkit.backends.base import Backend, LossFn, MetricFn, MicroBatch, StateShare
 from toolkit.backends.fsdp.tensor import tensor_plan
 from toolkit.backends.torch_data import TorchData
-from toolkit.checkpoint import CheckpointState
+from toolkit.checkpoint import Block, CheckpointState, optimizer_key
 from toolkit.errors import ToolkitError
 
 REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 FULL = StateDictOptions(full_state_dict=True)
 """Every rank gathers every full tensor (full_state_dict is identical on every rank)."""
-FULL_ON_RANK0 = StateDictOptions(full_state_dict=True, cpu_offload=True)
-"""Rank 0 alone holds the full tensors, on the CPU: what a checkpoint's writer needs."""
 
 
 class FSDPBackend(common.TorchCollectives, TorchData, Backend):
@@ -166,16 +165,17 @@ class FSDPBackend(common.TorchCollectives, TorchData, Backend):
         return {name: common.portable(tensor) for name, tensor in weights.items()}
 
     def capture_state(self) -> StateShare:
-        """Rank 0 writes the full weights and optimizer state (gathered onto its CPU), every
-        rank its generators; the gathers are collective, so every rank takes part."""
-        weights: dict[str, Any] = get_model_state_dict(self.model, options=FULL_ON_RANK0)
-        optimizer: dict[str, Any] = get_optimizer_state_dict(
-            self.model, self.optimizer, options=FULL_ON_RANK0
-        )
+        """Each rank writes its own blocks of the weights and optimizer state (its DTensor
+        shards, nothing gathered; one replica of each under HSDP or a replicated tensor-
+        parallel bias), rank 0 the tensors every rank holds whole, every rank its generators."""
+        weights: dict[str, Any] = get_model_state_dict(self.model)
+        optimizer: dict[str, Any] = get_optimizer_state_dict(self.model, self.optimizer)
         share = StateShare(arrays=torch_state.rng_arrays(self.env.rank))
+        share.model = own_parts(weights, self.env.rank)
+        slots, steps = _slots_and_steps(optimizer["state"])
+        share.optimizer = own_parts(slots, self.env.rank)
         if self.env.rank == 0:
-            share.model = {name: common.portable(tensor) for name, tensor in weights.items()}
-            share.optimizer, share.scalars = _portable_optimizer(optimizer["state"])
+            share.scalars = torch_state.step_scalars(steps, share.optimizer)
         return share
 
     def restore_state(self, state: CheckpointState) -> None:
@@ -228,6 +228,39 @@ def units_of(module: torch.nn.Module, names: Sequence[str]) -> list[torch.nn.Mod
     return []
 
 
+def own_parts(tensors: dict[str, Any], rank: int) -> dict[str, Any]:
+    """What this rank writes of a sharded state dict: its `Block` of each DTensor unless
+    another rank holds the same block (`_own_block`), and on rank 0 every plain tensor."""
+    parts: dict[str, Any] = {}
+    for name, tensor in tensors.items():
+        if isinstance(tensor, DTensor):
+            block = _own_block(tensor, rank)
+            if block is not None:
+                parts[name] = block
+        elif rank == 0:
+            parts[name] = common.portable(tensor)
+    return parts
+
+
+def _own_block(tensor: DTensor, rank: int) -> Block | None:
+    """This rank's block of `tensor` as DTensor places it (the offsets torch's distributed
+    checkpoint saves it at); None for an empty block, or where the tensor is replicated over
+    a mesh dimension and this rank is not its first replica there."""
+    coordinate: Sequence[int] = tensor.device_mesh.get_coordinate() or ()
+    replica = any(
+        place.is_replicate() and index != 0
+        for place, index in zip(tensor.placements, coordinate, strict=True)
+    )
+    if tensor.numel() == 0:  # nothing to split: rank 0 writes the empty whole
+        empty = common.portable(torch.empty(tensor.shape, dtype=tensor.dtype))
+        return Block(empty, (0,) * tensor.ndim, tuple(tensor.shape)) if rank == 0 else None
+    local = tensor.to_local()
+    if replica or local.numel() == 0:
+        return None
+    [chunk] = tensor.__create_chunk_list__()
+    return Block(common.portable(local), tuple(chunk.offsets), tuple(tensor.shape))
+
+
 def clip_sharded(parameters: Sequence[torch.nn.Parameter], max_norm: float) -> None:
     """torch's clip_grad_norm_ over gradients that are DTensors on different meshes (sharded
     only, or sharded and tensor-parallel): each mesh's norm is reduced over its ranks, the
@@ -263,13 +296,23 @@ def _require_fp32(module: torch.nn.Module) -> None:
         )
 
 
-def _portable_optimizer(
+def _slots_and_steps(
     slots_by_name: dict[str, dict[str, Any]],
-) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """FSDP's full optimizer state (by parameter name) in the portable layout: torch's own
-    slot names, one step count (torch_state.step_scalars)."""
-    tensors, steps = torch_state.slot_arrays(slots_by_name)
-    return tensors, torch_state.step_scalars(steps, tensors)
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """A sharded optimizer state by parameter name as portable keys ("exp_avg/<param>") to
+    their tensors, and each parameter's step count."""
+    slots = {
+        optimizer_key(slot, name): value
+        for name, state in slots_by_name.items()
+        for slot, value in state.items()
+        if slot != torch_state.STEP and isinstance(value, torch.Tensor)
+    }
+    steps = {
+        name: float(state[torch_state.STEP])
+        for name, state in slots_by_name.items()
+        if torch_state.STEP in state
+    }
+    return slots, steps
 
 
 def _torch_optimizer(
