@@ -150,7 +150,7 @@ def test_a_configs_own_compute_grad_norm_is_kept_and_checked() -> None:
 UNMODELLED = {
     "train_micro_batch_size_per_gpu": 8,
     "zero_optimization": {"stage": 2, "zero_hpz_partition_size": 2},
-    "tensorboard": {"enabled": True},
+    "hybrid_engine": {"enabled": True},
     "gradient_allreduce_op": "sum",
     "sparse_attention": {"mode": "fixed"},
 }
@@ -163,7 +163,7 @@ def test_unmodelled_keys_are_refused_by_their_deepspeed_names() -> None:
     assert list(found) == [
         "zero_optimization.zero_hpz_partition_size",
         "gradient_allreduce_op",
-        "tensorboard",
+        "hybrid_engine",
         "sparse_attention",
     ]
     assert "removed from DeepSpeed" in found["sparse_attention"].allowed
@@ -180,7 +180,7 @@ def test_lossy_import_records_every_dropped_key_with_its_value() -> None:
     assert dropped == {
         "zero_optimization.zero_hpz_partition_size": 2,
         "gradient_allreduce_op": "sum",
-        "tensorboard": {"enabled": True},
+        "hybrid_engine": {"enabled": True},
         "sparse_attention": {"mode": "fixed"},
     }
     assert imported.spec.zero.stage == 2
@@ -303,10 +303,82 @@ def test_lossy_comments_show_huge_values_shortened() -> None:
     imported = spec_from_deepspeed(
         {
             "train_micro_batch_size_per_gpu": 1,
-            "flops_profiler": [1] * 10**5,
-            "comms_logger": "x" * 10**6,
+            "hybrid_engine": [1] * 10**5,
+            "data_efficiency": "x" * 10**6,
         },
         lossy=True,
     )
     comments = [item.comment() for item in imported.dropped]
     assert len(comments) == 2 and all(len(text) < 2200 for text in comments)
+
+
+NO_MATH = {
+    "train_micro_batch_size_per_gpu": 8,
+    "fp16": {"enabled": True, "fp16_master_weights_and_grads": False},
+    "zero_optimization": {
+        "stage": 3,
+        "stage3_gather_fp16_weights_on_model_save": True,
+        "ignore_unused_parameters": True,
+    },
+    "tensorboard": {"enabled": True, "output_path": "runs/"},
+    "wall_clock_breakdown": True,
+    "hybrid_engine": {"enabled": False, "max_out_tokens": 512},
+    "curriculum_learning": {"enabled": False},
+    "cuda_visible_devices": "0,1",
+}
+
+
+def test_keys_that_change_no_math_are_carried_or_left_out_never_refused() -> None:
+    imported = spec_from_deepspeed(NO_MATH)  # strict
+    left_out = {item.path: item.reason for item in imported.left_out}
+    assert list(left_out) == [
+        "fp16.fp16_master_weights_and_grads",
+        "zero_optimization.ignore_unused_parameters",
+        "hybrid_engine",
+        "curriculum_learning",
+        "cuda_visible_devices",
+    ]
+    assert "refuses the key" in left_out["curriculum_learning"]
+    rendered = deepspeed_config(imported.spec)
+    assert rendered["tensorboard"] == NO_MATH["tensorboard"]
+    assert rendered["wall_clock_breakdown"] is True
+    # DeepSpeed's deprecated alias is read as the key it stands for, value kept.
+    assert rendered["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True
+    assert any("deprecated name" in note for note in imported.warnings)
+    assert not {"hybrid_engine", "curriculum_learning", "cuda_visible_devices"} & set(rendered)
+
+
+def test_a_default_written_out_is_left_out_and_any_other_value_refused() -> None:
+    config = {"train_micro_batch_size_per_gpu": 8, "fp16": {"enabled": True}}
+    config["fp16"]["fp16_master_weights_and_grads"] = True
+    with pytest.raises(SpecError, match=r"fp16\.fp16_master_weights_and_grads"):
+        spec_from_deepspeed(config)
+
+
+def test_substitutions_are_notes() -> None:
+    imported = spec_from_deepspeed(
+        {
+            "train_micro_batch_size_per_gpu": 8,
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+            "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 0}},
+        }
+    )
+    notes = " | ".join(imported.warnings)
+    assert "FusedAdam" in notes and "torch_adam: true" in notes
+    assert "warmup_num_steps 0" in notes and "wrote 2" in notes
+    assert imported.spec.schedule.warmup_steps == 2
+
+
+def test_a_misspelt_dtype_is_refused_naming_its_family() -> None:
+    config = {"train_micro_batch_size_per_gpu": 8, "bf16": {"enabled": True}}
+    with pytest.raises(SpecError) as caught:
+        spec_from_deepspeed({**config, "communication_data_type": "bfp16"})
+    [issue] = caught.value.issues
+    assert issue.path == "communication_data_type" and "'bf16'" in issue.hint
+
+
+def test_observability_holds_only_logging_monitor_and_profiler_keys() -> None:
+    with pytest.raises(SpecError, match=r"deepspeed\.observability"):
+        TrainSpec.from_dict(
+            {"backend": "deepspeed", "deepspeed": {"observability": {"zero_optimization": {}}}}
+        )

@@ -74,13 +74,25 @@ def _from_deepspeed(args: argparse.Namespace) -> int:
 
 
 def _header(name: str, imported: Imported) -> str:
-    """The comment block on top of an imported spec: where from, and what was dropped."""
+    """The comment block on top of an imported spec: where from, what was left out because it
+    changes no math, the importer's notes, and (--lossy) what was dropped."""
     lines = [f"# Imported from {name} by `toolkit spec from-deepspeed`."]
+    if imported.left_out:
+        lines.append("# Left out, as they change no math:")
+        lines += [f"#   {item.comment()}" for item in imported.left_out]
+    if imported.warnings:
+        lines.append("# Notes:")
+        lines += [f"#   {_comment(message)}" for message in imported.warnings]
     if imported.dropped:
         lines.append("# --lossy: these DeepSpeed keys were NOT carried into this spec:")
         lines += [f"#   {item.comment()}" for item in imported.dropped]
         warn(f"--lossy: dropped {len(imported.dropped)} keys, listed at the top of the spec")
     return "\n".join(lines) + "\n"
+
+
+def _comment(text: str) -> str:
+    """One comment line: a note may quote a user's value, so nothing unprintable passes."""
+    return text if text.isprintable() else repr(text)
 
 
 def register(subparsers: Any) -> None:

@@ -168,6 +168,7 @@ def deepspeed_config(spec: TrainSpec, world_size: int | None = None) -> dict[str
         },
         "steps_per_print": spec.log_every_steps,
         "wall_clock_breakdown": False,
+        **ds.observability,
     }
     if config["optimizer"] is None:
         del config["optimizer"]  # the script passes its own to deepspeed.initialize

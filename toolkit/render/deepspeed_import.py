@@ -7,9 +7,15 @@ The reverse of `toolkit.render.deepspeed`, with no silent path. Every key of the
 - or accepted because it holds what the toolkit writes anyway (reduce_scatter true,
   gradient_allreduce_op "mean"), or what DeepSpeed itself ignores (offload_param below ZeRO
   stage 3, which only stage 3 reads);
-- or dropped: not modelled (monitors, other schedulers and optimizers, ...) or removed from
+- or carried as written when it changes no math: logging, monitors and profilers
+  (`deepspeed.observability`);
+- or left out with a note when it changes no math and is not rendered (DeepSpeed's own
+  checkpoint and I/O settings, defaults written out, disabled features, keys DeepSpeed does not
+  read: toolkit.render.deepspeed_keys);
+- or dropped: math not modelled (other schedulers and optimizers, ...) or removed from
   DeepSpeed. A dropped key is an error naming it (`deepspeed_input.Report.strict_issues`), unless
   the caller asks for a lossy import, which records each dropped key with its value.
+Every substitution (an optimizer implementation, a value DeepSpeed itself repairs) is a note.
 "auto" values (Hugging Face's placeholders) must all be filled first (`--set`).
 
 Errors name DeepSpeed's keys as written in the config (`zero_optimization.stage`), also when
@@ -30,6 +36,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from toolkit.render import deepspeed_keys as keys
 from toolkit.render.deepspeed_input import (
     AutoValuesError,
     ConfigReader,
@@ -39,6 +46,7 @@ from toolkit.render.deepspeed_input import (
     auto_paths,
 )
 from toolkit.spec import SpecError, SpecIssue, TrainSpec
+from toolkit.spec.deepspeed_section import OBSERVABILITY
 from toolkit.spec.errors import show_value
 from toolkit.spec.sections import REDUCE_BUCKET_ELEMENTS
 
@@ -64,6 +72,8 @@ class Imported:
     """Notes on defaults written out and keys DeepSpeed ignores; nothing here changes the math."""
     dropped: list[Dropped]
     """Keys not carried into the spec (only in a lossy import; a strict one refuses them)."""
+    left_out: list[Dropped]
+    """Keys that change no math and are not rendered (toolkit.render.deepspeed_keys)."""
 
 
 class _Build:
@@ -134,6 +144,8 @@ def _optimizer(ds: ConfigReader, out: _Build, report: Report) -> None:
     )
     if kind in ADAM_TYPES:
         torch_adam = params.get("torch_adam", False)
+        if torch_adam is not True and params.get("bias_correction") is not False:
+            _fused_adam_note(ds, report, kind_value, name)
         if kind == "adam" and adam_w_mode is None:
             report.note("optimizer type Adam without adam_w_mode runs AdamW in DeepSpeed: adamw")
         names = {"betas": "optimizer.betas", "eps": "optimizer.eps"}
@@ -149,6 +161,21 @@ def _optimizer(ds: ConfigReader, out: _Build, report: Report) -> None:
         params.expect("dampening", 0.0)
     params.finish()
     section.finish()
+
+
+def _fused_adam_note(ds: ConfigReader, report: Report, kind: str, name: str) -> None:
+    """Without torch_adam, DeepSpeed builds its FusedAdam (GPUs), where the toolkit renders
+    torch's own Adam(W), unless the optimizer is offloaded (DeepSpeed's CPU Adam either way)."""
+    zero = ds.data.get("zero_optimization")
+    offload = zero.get("offload_optimizer") if isinstance(zero, dict) else None
+    device = offload.get("device") if isinstance(offload, dict) else None
+    if device in ("cpu", "nvme") or (isinstance(zero, dict) and zero.get("cpu_offload")):
+        return
+    report.note(
+        f"optimizer type {kind} without torch_adam runs DeepSpeed's FusedAdam on GPUs; the "
+        f"toolkit renders torch_adam: true (torch.optim.{'AdamW' if name == 'adamw' else 'Adam'}, "
+        "the same update rule)"
+    )
 
 
 def _scheduler(ds: ConfigReader, out: _Build, report: Report) -> None:
@@ -179,6 +206,11 @@ def _scheduler(ds: ConfigReader, out: _Build, report: Report) -> None:
     if peak <= 0 or not 0 <= low <= peak:
         report.drop("scheduler", section.data, "warmup_min_lr must be in [0, warmup_max_lr]")
         return
+    if isinstance(steps, int) and steps < 2:
+        report.note(
+            f"scheduler.params.warmup_num_steps {steps}: DeepSpeed warms up over at least 2 "
+            "steps (max(2, warmup_num_steps)); wrote 2"
+        )
     name = "warmup_constant" if kind == "WarmupLR" else "warmup_linear"
     out.put("schedule.name", section.at("type"), name)
     out.put("schedule.warmup_steps", params.at("warmup_num_steps"), max(2, steps))
@@ -251,6 +283,13 @@ def _zero(ds: ConfigReader, out: _Build) -> None:
             if zero.has(ds_key) and zero.data[ds_key] is not None:
                 out.put(f"zero.{spec_key}", zero.at(ds_key), _whole(zero.get(ds_key)))
             zero.used.add(ds_key)
+    for old_name, current in keys.DEPRECATED.items():
+        if zero.has(old_name) and not zero.has(current):
+            out.put(f"zero.{current}", zero.at(old_name), zero.get(old_name))
+            ds.out.note(
+                f"zero_optimization.{old_name} is DeepSpeed's deprecated name; read as {current}"
+            )
+        zero.used.add(old_name)
     zero_data = out.data["zero"]
     if "reduce_bucket_size" not in zero_data:
         zero_data["reduce_bucket_size"] = DEEPSPEED_REDUCE_BUCKET
@@ -369,9 +408,15 @@ def _pipeline(ds: ConfigReader, out: _Build) -> None:
     pipe.finish()
 
 
-def _dtype(value: Any) -> Any:
-    """DeepSpeed's dtype spellings (fp32, float32, ...) as the spec's; others left to refuse."""
-    return DTYPES.get(value, value) if isinstance(value, str) else value
+def _put_dtype(out: _Build, report: Report, spec_path: str, where: str, value: Any) -> None:
+    """DeepSpeed's dtype spellings (fp32, float32, ...) as the spec's; a misspelt one is
+    refused with the dtype of its family as the hint ("bfp16": bf16)."""
+    if isinstance(value, str) and value not in DTYPES:
+        nearest = keys.nearest_dtype(value)
+        allowed = "one of fp32, fp16, bf16 (or float32, float16, half, bfloat16)"
+        report.error(where, value, allowed, f"did you mean {nearest!r}?")
+        return
+    out.put(spec_path, where, DTYPES.get(value, value) if isinstance(value, str) else value)
 
 
 def _deepspeed_keys(ds: ConfigReader, out: _Build) -> None:
@@ -387,15 +432,22 @@ def _deepspeed_keys(ds: ConfigReader, out: _Build) -> None:
     if ds.has("communication_data_type") and ds.data["communication_data_type"] is not None:
         value = ds.get("communication_data_type")
         where = ds.at("communication_data_type")
-        out.put("deepspeed.communication_data_type", where, _dtype(value))
+        _put_dtype(out, ds.out, "deepspeed.communication_data_type", where, value)
     ds.used.add("communication_data_type")
     types = ds.sub("data_types")
     accum = types.get("grad_accum_dtype")
     if accum is not None:
-        out.put("deepspeed.grad_accum_dtype", types.at("grad_accum_dtype"), _dtype(accum))
+        where = types.at("grad_accum_dtype")
+        _put_dtype(out, ds.out, "deepspeed.grad_accum_dtype", where, accum)
     types.finish()
     ds.expect("gradient_allreduce_op", "mean", "every engine averages gradients (mean)")
-    ds.expect("wall_clock_breakdown", False)
+
+
+def _observability(ds: ConfigReader, out: _Build) -> None:
+    """Logging, monitor and profiler keys, carried as written (they change no math)."""
+    for key in sorted(OBSERVABILITY):
+        if ds.has(key):
+            out.put(f"deepspeed.observability.{key}", ds.at(key), ds.get(key))
 
 
 def _prune_defaults(data: dict[str, Any]) -> None:
@@ -469,6 +521,7 @@ def spec_from_deepspeed(
     _zero(ds, out)
     _pipeline(ds, out)
     _deepspeed_keys(ds, out)
+    _observability(ds, out)
     if ds.has("steps_per_print"):
         out.put("log_every_steps", ds.at("steps_per_print"), _whole(ds.get("steps_per_print")))
     stages = out.data.get("parallel", {}).get("pipeline", 1)
@@ -485,4 +538,10 @@ def spec_from_deepspeed(
     except SpecError as error:
         issues = [out.ds_issue(issue) for issue in error.issues]
         raise DeepSpeedConfigError(issues, more=error.more) from None
-    return Imported(data=out.data, spec=spec, warnings=report.notes, dropped=report.dropped)
+    return Imported(
+        data=out.data,
+        spec=spec,
+        warnings=report.notes,
+        dropped=report.dropped,
+        left_out=report.left_out,
+    )

@@ -1,10 +1,11 @@
 """Reading a user's DeepSpeed config for `spec from-deepspeed`: key bookkeeping, "auto", --set.
 
 `ConfigReader` walks one mapping of the config and remembers which keys were read, so that
-every key left over is reported (`Report.drop`) by its dotted path as written in the config
+every key left over is reported by its dotted path as written in the config
 (`zero_optimization.sub_group_size`). `Report` collects what the importer found: keys it
 refuses outright (`errors`), keys the spec does not model (`dropped`: an error in strict mode,
-a comment in the written spec with `--lossy`), and notes that change nothing.
+a comment in the written spec with `--lossy`), keys left out because they change no math
+(`left_out`, toolkit.render.deepspeed_keys: a comment in the written spec), and notes.
 
 Hugging Face's DeepSpeed integration writes "auto" for values its Trainer fills in;
 `apply_settings` fills them from `--set KEY=VALUE` and `auto_paths` lists those still missing.
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from toolkit.errors import ToolkitError
+from toolkit.render import deepspeed_keys as keys
 from toolkit.spec import SpecError, SpecIssue
 from toolkit.spec.errors import cut, show_value
 
@@ -84,6 +86,7 @@ class Report:
     def __init__(self) -> None:
         self.errors: list[SpecIssue] = []
         self.dropped: list[Dropped] = []
+        self.left_out: list[Dropped] = []
         self.notes: list[str] = []
 
     def error(self, path: str, value: Any, allowed: str, hint: str) -> None:
@@ -91,6 +94,10 @@ class Report:
 
     def drop(self, path: str, value: Any, reason: str) -> None:
         self.dropped.append(Dropped(path, value, reason))
+
+    def leave_out(self, path: str, value: Any, reason: str) -> None:
+        """A key that changes no math and is not rendered: never refused."""
+        self.left_out.append(Dropped(path, value, reason))
 
     def note(self, message: str) -> None:
         self.notes.append(message)
@@ -149,15 +156,28 @@ class ConfigReader:
         return ConfigReader(self.data.get(key), self.at(key), self.out)
 
     def finish(self) -> None:
-        """Report every key not read: removed from DeepSpeed, or not modelled by the spec."""
+        """Report every key not read: left out when it changes no math (deepspeed_keys), else
+        dropped as removed from DeepSpeed or not modelled by the spec."""
         for key, value in self.data.items():
-            if key in self.used:
-                continue
-            path = self.at(key)
-            if path in REMOVED:
-                self.out.drop(path, value, "removed from DeepSpeed, which refuses it")
+            if key not in self.used:
+                self._unread(self.at(key), value)
+
+    def _unread(self, path: str, value: Any) -> None:
+        if path in keys.DEFAULTS:
+            default = keys.DEFAULTS[path]
+            if type(value) is type(default) and value == default:
+                self.out.leave_out(path, value, "DeepSpeed's default, written out")
             else:
-                self.out.drop(path, value, "not modelled by the spec")
+                self.out.drop(path, value, f"the spec models only {show_value(default)}")
+        elif path in keys.NO_MATH:
+            self.out.leave_out(path, value, keys.NO_MATH[path])
+        elif keys.disabled(value, top_level=not self.path):
+            removed = " (DeepSpeed removed it and refuses the key)" if path in REMOVED else ""
+            self.out.leave_out(path, value, f"disabled{removed}")
+        elif path in REMOVED:
+            self.out.drop(path, value, "removed from DeepSpeed, which refuses it")
+        else:
+            self.out.drop(path, value, "not modelled by the spec")
 
 
 def auto_paths(config: Any, path: str = "", depth: int = 0) -> Iterator[str]:

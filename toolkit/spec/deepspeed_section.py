@@ -16,13 +16,28 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, JsonValue, field_validator
 
 from toolkit import engines
 from toolkit.spec.errors import SpecIssue
-from toolkit.spec.fields import Section
+from toolkit.spec.fields import Section, field_error
 
 Dtype = Literal["fp32", "fp16", "bf16"]
+OBSERVABILITY: frozenset[str] = frozenset(
+    (
+        "tensorboard",
+        "wandb",
+        "csv_monitor",
+        "comet",
+        "flops_profiler",
+        "comms_logger",
+        "wall_clock_breakdown",
+        "memory_breakdown",
+        "dump_state",
+        "timers",
+    )
+)
+"""DeepSpeed's top-level keys that log, monitor or profile a run and change no math."""
 
 
 class DeepSpeedSpec(Section):
@@ -62,6 +77,24 @@ class DeepSpeedSpec(Section):
         default=None,
         description="dtype gradients are all-reduced in; null = the precision's.",
     )
+    observability: dict[str, JsonValue] = Field(
+        default_factory=dict,
+        description="DeepSpeed's logging, monitor and profiler keys ("
+        + ", ".join(sorted(OBSERVABILITY))
+        + "), written into the config as given; they change no math. Other engines ignore them.",
+    )
+
+    @field_validator("observability")
+    @classmethod
+    def _only_observability_keys(cls, value: dict[str, JsonValue]) -> dict[str, JsonValue]:
+        unknown = sorted(set(value) - OBSERVABILITY)
+        if unknown:
+            raise field_error(
+                f"holds {', '.join(map(repr, unknown[:5]))}, which are not DeepSpeed logging, "
+                f"monitor or profiler keys (allowed: {', '.join(sorted(OBSERVABILITY))})",
+                "put settings that change the math in their own spec fields",
+            )
+        return value
 
 
 def _issue(key: str, value: object, allowed: str) -> SpecIssue:

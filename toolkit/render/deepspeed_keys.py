@@ -1,0 +1,57 @@
+"""What a DeepSpeed config key does, for `spec from-deepspeed`: keys that change no math are
+never refused. Logging, monitors and profilers are carried as written (the spec's
+`deepspeed.observability`, toolkit.spec.deepspeed_section.OBSERVABILITY). The rest are left out
+with a note at the top of the written spec: DeepSpeed's own checkpoint and I/O tuning, defaults
+written out, disabled features, keys DeepSpeed does not read. Keys that change the math stay
+modelled or refused (toolkit.render.deepspeed_import).
+
+Paths are dotted as written in the config; defaults are DeepSpeed 0.19.8's
+(`runtime/zero/config.py`, `runtime/precision_config.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+NO_MATH: dict[str, str] = {
+    "checkpoint": "DeepSpeed's own checkpoint engine; the toolkit writes its own checkpoints",
+    "aio": "NVMe I/O tuning",
+    "zero_optimization.load_from_fp32_weights": "how DeepSpeed reloads its own checkpoints",
+    "zero_optimization.elastic_checkpoint": "how DeepSpeed saves its own checkpoints",
+    "zero_optimization.ignore_unused_parameters": "whether ZeRO-1/2 errors on unused parameters",
+    "zero_optimization.memory_efficient_linear": "ZeRO-3 memory of linear layers, the same math",
+    "cuda_visible_devices": "DeepSpeed reads no such key (the launcher's --include does this)",
+}
+"""Keys that change no math and that the toolkit does not render: left out, with why."""
+
+DEFAULTS: dict[str, Any] = {
+    "fp16.fp16_master_weights_and_grads": False,
+    "zero_optimization.zero_quantized_weights": False,
+    "zero_optimization.zero_quantized_gradients": False,
+    "zero_optimization.zero_hpz_partition_size": 1,
+}
+"""Keys the spec models only at DeepSpeed's default: written out at it, they are left out with
+a note; any other value changes the math and is refused."""
+
+DEPRECATED: dict[str, str] = {
+    "stage3_gather_fp16_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save",
+}
+"""zero_optimization keys DeepSpeed still reads under an old name -> the current name."""
+
+
+def disabled(value: Any, *, top_level: bool) -> bool:
+    """A feature switched off: a section with enabled: false, or a top-level false (a switch
+    such as sparse_gradients; a false deeper down may be a setting that is not DeepSpeed's
+    default)."""
+    if isinstance(value, Mapping):
+        return value.get("enabled") is False
+    return top_level and value is False
+
+
+def nearest_dtype(value: str) -> str:
+    """The dtype of the same family as a misspelt one ("bfp16" -> bf16, "half16" -> fp16)."""
+    lowered = value.lower()
+    if "b" in lowered:
+        return "bf16"
+    return "fp16" if "16" in lowered or "half" in lowered else "fp32"
