@@ -150,7 +150,7 @@ def test_a_configs_own_compute_grad_norm_is_kept_and_checked() -> None:
 UNMODELLED = {
     "train_micro_batch_size_per_gpu": 8,
     "zero_optimization": {"stage": 2, "zero_hpz_partition_size": 2},
-    "hybrid_engine": {"enabled": True},
+    "data_efficiency": {"enabled": True},
     "gradient_allreduce_op": "sum",
     "sparse_attention": {"mode": "fixed"},
 }
@@ -163,7 +163,7 @@ def test_unmodelled_keys_are_refused_by_their_deepspeed_names() -> None:
     assert list(found) == [
         "zero_optimization.zero_hpz_partition_size",
         "gradient_allreduce_op",
-        "hybrid_engine",
+        "data_efficiency",
         "sparse_attention",
     ]
     assert "removed from DeepSpeed" in found["sparse_attention"].allowed
@@ -180,7 +180,7 @@ def test_lossy_import_records_every_dropped_key_with_its_value() -> None:
     assert dropped == {
         "zero_optimization.zero_hpz_partition_size": 2,
         "gradient_allreduce_op": "sum",
-        "hybrid_engine": {"enabled": True},
+        "data_efficiency": {"enabled": True},
         "sparse_attention": {"mode": "fixed"},
     }
     assert imported.spec.zero.stage == 2
@@ -303,7 +303,7 @@ def test_lossy_comments_show_huge_values_shortened() -> None:
     imported = spec_from_deepspeed(
         {
             "train_micro_batch_size_per_gpu": 1,
-            "hybrid_engine": [1] * 10**5,
+            "compile": [1] * 10**5,
             "data_efficiency": "x" * 10**6,
         },
         lossy=True,

@@ -304,7 +304,6 @@ def _zero(ds: ConfigReader, out: _Build) -> None:
         del zero_data["overlap_comm"]  # DeepSpeed's own rule, which the spec's default keeps
     zero.expect("reduce_scatter", True)
     zero.expect("allgather_partitions", True)
-    zero.expect("round_robin_gradients", False)
     zero.finish()
 
 

@@ -21,7 +21,20 @@ NO_MATH: dict[str, str] = {
     "zero_optimization.elastic_checkpoint": "how DeepSpeed saves its own checkpoints",
     "zero_optimization.ignore_unused_parameters": "whether ZeRO-1/2 errors on unused parameters",
     "zero_optimization.memory_efficient_linear": "ZeRO-3 memory of linear layers, the same math",
+    "zero_optimization.round_robin_gradients": "the order ZeRO-1/2 copies gradients to the host",
+    "zero_optimization.stage3_model_persistence_threshold": "which ZeRO-3 parameters stay whole",
+    "zero_optimization.offload_optimizer.buffer_count": "NVMe offload buffers",
+    "zero_optimization.offload_optimizer.pipeline_read": "NVMe offload read overlap",
+    "zero_optimization.offload_optimizer.pipeline_write": "NVMe offload write overlap",
+    "zero_optimization.offload_param.buffer_count": "NVMe offload buffers",
+    "zero_optimization.offload_param.buffer_size": "NVMe offload buffers",
+    "zero_optimization.offload_param.max_in_cpu": "how many offloaded parameters stay in memory",
+    "hybrid_engine": "DeepSpeed-Chat's inference kernels for generation; training is the same",
+    "autotuning": "read only by `deepspeed --autotuning`, which searches configs before a run",
+    "disable_allgather": "DeepSpeed 0.19.8 parses it, and no code of it reads it",
     "cuda_visible_devices": "DeepSpeed reads no such key (the launcher's --include does this)",
+    "comms_config": "DeepSpeed reads no such key (its comms logging is comms_logger)",
+    "monitor_config": "DeepSpeed reads no such key (its monitors are top-level keys)",
 }
 """Keys that change no math and that the toolkit does not render: left out, with why."""
 
