@@ -53,7 +53,6 @@ REFUSED: dict[str, tuple[str, ...]] = {
         "eigenvalue",
         "quantize_training",
     ),
-    "tests_model_megatron_gpt2_ds_config_func_bs8_zero0_gas3": ("activation_checkpointing",),
     "tests_torch_compile_ds_config_z3_deepcompile_no_persist": ("compile",),
     "examples_alst_ulysses_sequence_parallelism_sp-alst.ds-config": (
         "seq_parallel_communication_data_type",
@@ -67,12 +66,7 @@ REFUSED: dict[str, tuple[str, ...]] = {
     "megatron-lm-v1.1.5-zero3_examples_ds_zero_stage_infinity_config": (
         "zero_optimization.stage3_param_persitence_threshold",
     ),
-    "megatron-lm_scripts_ds_zero-offload_config": ("activation_checkpointing",),
-    "megatron-lm_scripts_ds_zero2_config": ("activation_checkpointing",),
-    "megatron-lm_scripts_ds_zerodual_config": (
-        "optimizer",
-        "activation_checkpointing",
-    ),
+    "megatron-lm_scripts_ds_zerodual_config": ("optimizer",),
     "qanet-pytorch_ds_bsz512_1cycle": ("scheduler",),
     "training_bing_bert_01_adam_nccl_deepspeed_bsz4k_01adam_config_seq128_nccl": ("optimizer",),
     "training_bing_bert_1-bit_adam_nccl_deepspeed_bsz4k_onebitadam_config_seq128_nccl": (
@@ -95,7 +89,6 @@ REFUSED: dict[str, tuple[str, ...]] = {
     "ds_zero2_config_bf16": (
         "communication_data_type",
         "bfloat16.loss_scale",
-        "activation_checkpointing",
     ),
     "examples_deepspeed_curriculum_learning_ds_zero_stage_1_config_baseline": (
         "optimizer.params.max_grad_norm",
@@ -204,6 +197,10 @@ def effective(parsed: Any) -> dict[str, Any]:
         else None,
         "weight_decay": params.get("weight_decay", 0.0) if name else None,
         "division": (parsed.prescale_gradients, parsed.gradient_predivide_factor),
+        "recompute": (
+            parsed.activation_checkpointing_config.partition_activations,
+            parsed.activation_checkpointing_config.cpu_checkpointing,
+        ),
         # Unset, DeepSpeed reduces in the training precision's dtype (its engine's rule).
         "communication": parsed.communication_data_type
         or {(True, False): torch.float16, (False, True): torch.bfloat16}.get(

@@ -80,6 +80,7 @@ REPRESENTATIVE = [
     "fsdp-vs-zero3:mlp:sgd-accum2-clip-lrscale",
     "horovod/mpirun:mlp:adamw-warmup-cosine",
     "zero1/deepspeed:mlp:sgd-logwarmup-linear",
+    "zero3/deepspeed:mlp:adam-l2-accum4:recompute",
     "zero3-offload/deepspeed:mlp:adamw-warmup-cosine",
     "pipeline2/deepspeed:mlp:adamw-warmup-cosine",
     "horovod-tf/horovodrun-gloo:mlp:adamw-warmup-cosine",

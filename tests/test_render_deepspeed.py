@@ -124,12 +124,13 @@ def test_deepspeed_accepts_the_config(name: str, spec: TrainSpec, world: int) ->
 
 
 def test_no_auto_and_no_unknown_top_level_keys() -> None:
+    import deepspeed.runtime.activation_checkpointing.config as checkpointing
     import deepspeed.runtime.constants as constants
     import deepspeed.runtime.precision_config as precision
     import deepspeed.runtime.zero.config as zero
 
     known = {"pipeline"}  # read by name in deepspeed.runtime.config.get_pipeline_config
-    for module in (constants, zero, precision):
+    for module in (constants, zero, precision, checkpointing):
         known |= {v for k, v in vars(module).items() if k.isupper() and isinstance(v, str)}
     for _, spec in cases():
         config = deepspeed_config(spec, spec.parallel.pipeline * 2)

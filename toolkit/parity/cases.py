@@ -261,6 +261,14 @@ def _engine_against_engine(
     )
 
 
+def _recomputed(engine_key: str) -> Case:
+    """The engine with every Linear layer's activations recomputed in the backward pass
+    (activation_checkpointing.modules): held to the reference that keeps them."""
+    case = _case(engine_key, "adam-l2-accum4")
+    spec = merge(case.spec, {"activation_checkpointing": {"modules": ["Linear"]}})
+    return replace(case, name=f"{case.name}:recompute", spec=spec)
+
+
 def all_cases() -> list[Case]:
     cases = [_case(key, recipe) for key, engine in ENGINES.items() for recipe in engine.recipes]
     cases += [
@@ -289,6 +297,16 @@ def all_cases() -> list[Case]:
             "zero1/deepspeed",
             "pipeline2/deepspeed",
             "tf-multiworker/local",
+        )
+    ]
+    cases += [
+        _recomputed(engine)
+        for engine in (
+            "ddp/torchrun",
+            "fsdp/torchrun",
+            "horovod/horovodrun-gloo",
+            "zero2/deepspeed",
+            "zero3/deepspeed",
         )
     ]
     cases += [

@@ -166,6 +166,10 @@ def deepspeed_config(spec: TrainSpec, world_size: int | None = None) -> dict[str
             "pipe_partitioned": True,
             "grad_partitioned": True,
         },
+        "activation_checkpointing": {
+            "partition_activations": spec.activation_checkpointing.partition_activations,
+            "cpu_checkpointing": spec.activation_checkpointing.cpu_checkpointing,
+        },
         "steps_per_print": spec.log_every_steps,
         "wall_clock_breakdown": False,
         **ds.observability,

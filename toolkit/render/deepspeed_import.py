@@ -442,6 +442,18 @@ def _deepspeed_keys(ds: ConfigReader, out: _Build) -> None:
     ds.expect("gradient_allreduce_op", "mean", "every engine averages gradients (mean)")
 
 
+def _activation_checkpointing(ds: ConfigReader, out: _Build) -> None:
+    """DeepSpeed's checkpointing options; which modules recompute is the script's own choice
+    in a DeepSpeed job (it calls deepspeed.checkpointing.checkpoint), so none is named."""
+    section = ds.sub("activation_checkpointing")
+    names = {
+        key: f"activation_checkpointing.{key}"
+        for key in ("partition_activations", "cpu_checkpointing")
+    }
+    _copy(out, section, names, whole=False)
+    section.finish()
+
+
 def _observability(ds: ConfigReader, out: _Build) -> None:
     """Logging, monitor and profiler keys, carried as written (they change no math)."""
     for key in sorted(OBSERVABILITY):
@@ -520,6 +532,7 @@ def spec_from_deepspeed(
     _zero(ds, out)
     _pipeline(ds, out)
     _deepspeed_keys(ds, out)
+    _activation_checkpointing(ds, out)
     _observability(ds, out)
     if ds.has("steps_per_print"):
         out.put("log_every_steps", ds.at("steps_per_print"), _whole(ds.get("steps_per_print")))

@@ -34,6 +34,7 @@ from toolkit.spec.hosts import Host
 from toolkit.spec.layout import Layout, resolve_layout
 from toolkit.spec.run_sections import ScheduleSpec, TimeoutsSpec
 from toolkit.spec.sections import (
+    ActivationCheckpointingSpec,
     BatchSpec,
     CheckpointSpec,
     DdpSpec,
@@ -131,6 +132,11 @@ class TrainSpec(Section):
         default_factory=FsdpSpec,
         validate_default=True,
         description="PyTorch FSDP2 (fully_shard) settings.",
+    )
+    activation_checkpointing: ActivationCheckpointingSpec = Field(
+        default_factory=ActivationCheckpointingSpec,
+        validate_default=True,
+        description="Activations recomputed in the backward pass instead of kept.",
     )
     checkpoint: CheckpointSpec = Field(
         default_factory=CheckpointSpec, validate_default=True, description="Checkpointing."
@@ -278,6 +284,20 @@ class TrainSpec(Section):
             data = info.data
             _raise(rules.fsdp_issues(fsdp, data["backend"], data["precision"], data["device"]))
         return fsdp
+
+    @field_validator("activation_checkpointing")
+    @classmethod
+    def _recompute_where_an_engine_does(
+        cls, section: ActivationCheckpointingSpec, info: ValidationInfo
+    ) -> ActivationCheckpointingSpec:
+        if _have(info, "backend", "parallel"):
+            data = info.data
+            _raise(
+                rules.recompute_issues(
+                    section, data["backend"], data.get("framework"), data["parallel"]
+                )
+            )
+        return section
 
     # -- building and writing -----------------------------------------------------------------
 

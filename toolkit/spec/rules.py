@@ -20,6 +20,7 @@ from toolkit.spec.batch import batch_issues
 from toolkit.spec.errors import SpecIssue
 from toolkit.spec.hosts import Host, parse_host
 from toolkit.spec.sections import (
+    ActivationCheckpointingSpec,
     BatchSpec,
     CheckpointSpec,
     FsdpSpec,
@@ -384,6 +385,39 @@ def fsdp_issues(fsdp: FsdpSpec, backend: str, precision: str, device: str) -> It
             "none with device cpu: FSDP2 offloads from a GPU to the host",
             "set fsdp.offload: none, or device: cuda",
         )
+
+
+def recompute_issues(
+    section: ActivationCheckpointingSpec,
+    backend: str,
+    framework: str | None,
+    parallel: ParallelSpec,
+) -> Iterator[SpecIssue]:
+    """Recomputation runs on the torch engines, not through the pipeline engine's stages, and
+    DeepSpeed's own options only on DeepSpeed."""
+    entry = engine_of(backend, framework)
+    if section.modules and entry.framework != "torch":
+        yield _issue(
+            "activation_checkpointing.modules",
+            section.modules,
+            f"the torch engines (backend {backend} runs {entry.framework})",
+            "remove activation_checkpointing, or use a torch engine",
+        )
+    if section.modules and parallel.pipeline > 1:
+        yield _issue(
+            "activation_checkpointing.modules",
+            section.modules,
+            "none with pipeline stages: the pipeline engine recomputes by layer interval",
+            "set pipeline.activation_checkpoint_interval instead",
+        )
+    for key in ("partition_activations", "cpu_checkpointing"):
+        if getattr(section, key) and not entry.deepspeed_settings:
+            yield _issue(
+                f"activation_checkpointing.{key}",
+                True,
+                f"backend {', '.join(engines.backends_with('deepspeed_settings'))} only",
+                f"remove activation_checkpointing.{key}, or set backend: deepspeed",
+            )
 
 
 def tf_device_issues(tf: TfSpec, device: str) -> Iterator[SpecIssue]:

@@ -422,6 +422,27 @@ class DdpSpec(Section):
     )
 
 
+class ActivationCheckpointingSpec(Section):
+    """Activations recomputed in the backward pass instead of kept: less memory, the same
+    weights. The torch engines run the named modules' forward under a checkpoint (torch's
+    non-reentrant `torch.utils.checkpoint`, DeepSpeed's own `deepspeed.checkpointing`); the
+    pipeline engine has `pipeline.activation_checkpoint_interval` instead."""
+
+    modules: list[str] = Field(
+        default_factory=list,
+        description="Classes of the modules whose activations are recomputed (e.g. [GPT2Block], "
+        "the model's repeated blocks); [] = none.",
+    )
+    partition_activations: bool = Field(
+        default=False,
+        description="DeepSpeed: split the kept activations over the model-parallel ranks.",
+    )
+    cpu_checkpointing: bool = Field(
+        default=False,
+        description="DeepSpeed: keep the checkpointed activations in host memory.",
+    )
+
+
 class FsdpSpec(Section):
     """PyTorch FSDP2 (`fully_shard`): which modules are units, when their parameters are
     released, and offload (hybrid sharding is `parallel.replicate`). Parameters, gradients and

@@ -27,6 +27,7 @@ from toolkit.backends import torch_common as common
 from toolkit.backends import torch_device, torch_state
 from toolkit.backends.base import Backend, LossFn, MetricFn, MicroBatch, StateShare
 from toolkit.backends.torch_data import TorchData
+from toolkit.backends.torch_recompute import recompute
 from toolkit.checkpoint import CheckpointState
 
 
@@ -40,6 +41,7 @@ class DDPBackend(common.TorchCollectives, TorchData, Backend):
 
     def prepare(self, model: Any, optimizer: Any | None = None) -> DistributedDataParallel:
         module = common.require_module(model).to(self.device)
+        recompute(module, self.spec.activation_checkpointing.modules)
         # DDP broadcasts rank 0's parameters and buffers at construction.
         self.model = DistributedDataParallel(
             module,

@@ -31,6 +31,7 @@ DeepSpeed behaviours the backend works with (docs/engine-notes.md):
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 from collections.abc import Sequence
 from typing import Any
@@ -56,9 +57,11 @@ from toolkit.backends.base import (
 )
 from toolkit.backends.deepspeed import pipeline, state
 from toolkit.backends.torch_data import TorchData
+from toolkit.backends.torch_recompute import recompute
 from toolkit.checkpoint import CheckpointState
 from toolkit.errors import ToolkitError
 from toolkit.render.deepspeed import deepspeed_config
+from toolkit.spec import TrainSpec
 
 # The builder name deepspeed.comm.torch.build_shm_op looks up in ops.__compatible_ops__.
 SHM_COMM_OP = "deepspeed_shm_comm"
@@ -101,8 +104,11 @@ class DeepSpeedBackend(common.TorchCollectives, TorchData, Backend):
             refuse_missing_script_optimizer(self.spec)
         else:
             config.pop("optimizer", None)  # DeepSpeed refuses a client optimizer and a config one
+        _configure_recompute(self.spec)
         if self.uses_pipeline:
             module = self._pipeline_module(module)
+        else:
+            recompute(module, self.spec.activation_checkpointing.modules, deepspeed_checkpoint)
         # The spec's schedule: DeepSpeed's own when the config carries one (its formula is the
         # spec's), else a scheduler DeepSpeed steps for us; constant needs neither.
         own_scheduler = "scheduler" in config
@@ -274,4 +280,23 @@ def _check_accelerator(accelerator: str, device: torch.device) -> None:
         "accelerator",
         f"set DS_ACCELERATOR={device.type} in the ranks' environment (launch.env; `toolkit "
         "launch` sets it for device cpu and cuda), or set the spec's device to match",
+    )
+
+
+def _configure_recompute(spec: TrainSpec) -> None:
+    """DeepSpeed's activation checkpointing from the spec: what `deepspeed_checkpoint` and a
+    script's own `deepspeed.checkpointing.checkpoint` calls (Megatron's) then do."""
+    section = spec.activation_checkpointing
+    deepspeed.checkpointing.configure(
+        None,
+        partition_activations=section.partition_activations,
+        checkpoint_in_cpu=section.cpu_checkpointing,
+    )
+
+
+def deepspeed_checkpoint(forward: Any, *args: Any, **kwargs: Any) -> Any:
+    """DeepSpeed's non-reentrant checkpoint (its partition and host options apply; inputs
+    without gradients are fine). It takes positional arguments only."""
+    return deepspeed.checkpointing.non_reentrant_checkpoint(
+        functools.partial(forward, **kwargs), *args
     )

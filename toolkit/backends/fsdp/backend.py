@@ -53,6 +53,7 @@ from toolkit.backends import torch_device, torch_state
 from toolkit.backends.base import Backend, LossFn, MetricFn, MicroBatch, StateShare
 from toolkit.backends.fsdp.tensor import tensor_plan
 from toolkit.backends.torch_data import TorchData
+from toolkit.backends.torch_recompute import modules_of_classes, recompute
 from toolkit.checkpoint import Block, CheckpointState, optimizer_key
 from toolkit.errors import ToolkitError
 
@@ -103,6 +104,8 @@ class FSDPBackend(common.TorchCollectives, TorchData, Backend):
         if self.spec.parallel.tensor > 1:
             plan = tensor_plan(module, self.spec.parallel.tensor_plan)
             parallelize_module(module, self.mesh["tensor"], plan)
+        # After tensor parallelism, before sharding: torchtitan's order.
+        recompute(module, self.spec.activation_checkpointing.modules)
         settings: dict[str, Any] = {
             "mesh": self.mesh["shard"] if self.spec.parallel.tensor > 1 else self.mesh,
             "reshard_after_forward": self.spec.fsdp.reshard_after_forward,
@@ -211,15 +214,7 @@ def units_of(module: torch.nn.Module, names: Sequence[str]) -> list[torch.nn.Mod
     by default the model's repeated blocks (the modules of its ModuleLists, else the children
     of an nn.Sequential that hold parameters)."""
     if names:
-        found = [m for m in module.modules() if m is not module and type(m).__name__ in names]
-        missing = sorted(set(names) - {type(m).__name__ for m in found})
-        if missing:
-            classes = sorted({type(m).__name__ for m in module.modules()})
-            raise ToolkitError(
-                f"fsdp.wrap names {missing}, but the model has no module of that class",
-                f"name classes the model has: {', '.join(classes[:12])}",
-            )
-        return found
+        return modules_of_classes(module, names, "fsdp.wrap")
     lists = [m for m in module.modules() if isinstance(m, torch.nn.ModuleList)]
     if lists:
         return [block for blocks in lists for block in blocks]

@@ -38,6 +38,7 @@ from toolkit.backends import torch_device, torch_state
 from toolkit.backends.base import Backend, LossFn, MetricFn, MicroBatch, StateShare
 from toolkit.backends.horovod.settings import check_world_size, export_environment
 from toolkit.backends.torch_data import TorchData
+from toolkit.backends.torch_recompute import recompute
 from toolkit.checkpoint import CheckpointState
 from toolkit.errors import ToolkitError
 from toolkit.render import horovod as render_horovod
@@ -66,6 +67,7 @@ class HorovodTorchBackend(TorchData, Backend):
 
     def prepare(self, model: Any, optimizer: Any | None = None) -> torch.nn.Module:
         self.model = common.require_module(model).to(self.device)
+        recompute(self.model, self.spec.activation_checkpointing.modules)
         lr = self.spec.effective_lr(self.env.world_size)
         base = optimizer or common.build_optimizer(self.model.parameters(), self.spec, lr)
         options = render_horovod.optimizer_options(self.spec, self.env.world_size)
