@@ -347,3 +347,28 @@ def test_tensor_parallel_rows_split_the_planned_layers_before_fsdp_shards() -> N
     assert "tensor 2: 144 planned parameters split" in row.note
     assert facts.planned_parameters({"*": "colwise"}) == 212
     assert from_params(212).planned_parameters({"0": "colwise"}) == 0
+
+
+def test_activation_checkpointing_keeps_each_recomputed_blocks_input_and_one_blocks_insides() -> (
+    None
+):
+    from toolkit.plan.model_facts import from_factory
+
+    facts = from_factory("tests.plan_models:blocks")
+    # What autograd saves for one sample, each storage once: the first Linear's input (16);
+    # in each Block its input (16, for up's weight gradient) and Tanh's output (64, which down
+    # also saves); the last Linear's input (16).
+    assert facts.activations_per_sample == 16 + 3 * (16 + 64) + 16
+    # Recomputing the Blocks keeps each Block's input (16 each) and, while backward recomputes
+    # one, what it saves (80).
+    assert facts.kept_per_sample(["Block"]) == 16 + 16 + 3 * 16 + 80
+    spec = TrainSpec.from_dict(
+        {
+            "backend": "ddp",
+            "batch": {"global": 8, "micro": 8},
+            "launch": {"np": 1},
+            "activation_checkpointing": {"modules": ["Block"]},
+        }
+    )
+    [row] = [r for r in plan_rows(spec, facts, ranks=1) if r.name == "ddp+torch"]
+    assert row.memory.activations == 8 * 4 * facts.kept_per_sample(["Block"])

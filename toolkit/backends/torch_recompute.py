@@ -50,6 +50,12 @@ def recompute(
     if not names:
         return
     chosen = modules_of_classes(module, names, "activation_checkpointing.modules")
+    # A Hugging Face model appends each block's keys and values to its cache in the forward;
+    # recomputed, a block would append them again. Its own gradient checkpointing turns the
+    # cache off for training too.
+    config = getattr(module, "config", None)
+    if config is not None and getattr(config, "use_cache", False):
+        config.use_cache = False
     inner = {id(m) for outer in chosen for m in outer.modules() if m is not outer}
     for target in chosen:
         if id(target) not in inner:

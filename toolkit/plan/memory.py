@@ -34,8 +34,10 @@ Components (bytes per rank; P parameters, N data-parallel ranks, L the largest l
   backward, with every gradient alive, and clears those outside the rank's partition before
   the step: they too are never beside the fp32 partition. How close the plan came to measured
   memory is in docs/engine-notes.md.
-- activations: what backward keeps, micro × (input + every leaf's output) × activation bytes,
-  when the model is known; under the pipeline, the first stage holds min(m, p) micro-batches.
+- activations: what backward keeps, micro × what autograd saves for one sample (a probe forward
+  pass, toolkit.plan.model_facts) × activation bytes, when the model is known; with
+  activation checkpointing, each recomputed module's input plus the largest one's saved
+  tensors; under the pipeline, the first stage holds min(m, p) micro-batches.
 
 With those, mixed-precision Adam gives DeepSpeed's own estimates exactly: ZeRO-2 per rank
 2P + 18P/N on the device (18 = 2 fp16 gradients + 4 fp32 gradients + 4 fp32 weights + 8 Adam),

@@ -32,6 +32,12 @@ class ModelFacts:
     """Elements of one input sample (0 = unknown)."""
     named_layers: tuple[tuple[str, int], ...] = ()
     """Each leaf module's dotted name and own parameters (empty when unknown)."""
+    modules: tuple[tuple[str, str, int], ...] = ()
+    """Each module's dotted name, class name and input elements for one sample, leaves
+    included (empty = unknown): what activation checkpointing keeps of a recomputed module."""
+    saved: tuple[tuple[str, int], ...] = ()
+    """What autograd saved for backward in the probe's forward pass, once per storage and
+    parameters left out: (the innermost module running, fp32 elements) per tensor."""
     own_tensor_plan: Mapping[str, str] = field(default_factory=dict)
     """The model's own tensor-parallel plan (a Hugging Face model's `_tp_plan`)."""
     source: str = ""
@@ -54,9 +60,30 @@ class ModelFacts:
 
     @property
     def activations_per_sample(self) -> int | None:
+        """What backward keeps for one sample (fp32 elements): the tensors autograd saved in
+        the probe's forward pass, or, where none were seen, the input and every leaf's output."""
+        return self.kept_per_sample(())
+
+    def kept_per_sample(self, recomputed: Sequence[str]) -> int | None:
+        """What backward keeps for one sample when the modules of the classes `recomputed` are
+        checkpointed: of each outermost such module only its input, plus, while backward
+        recomputes one, what the largest one saves; everything else as before."""
         if not self.layer_activations:
             return None
-        return self.input_elements + sum(self.layer_activations)
+        held = list(self.saved) or [
+            (name, size)
+            for (name, _), size in zip(self.named_layers, self.layer_activations, strict=True)
+        ]
+        base = 0 if self.saved else self.input_elements
+        blocks = _outermost(
+            [(name, size) for name, kind, size in self.modules if kind in recomputed]
+        )
+        inside = [
+            sum(size for name, size in held if name == block or name.startswith(f"{block}."))
+            for block, _ in blocks
+        ]
+        kept = base + sum(size for _, size in held) - sum(inside) + sum(size for _, size in blocks)
+        return kept + max(inside, default=0)
 
 
 def from_params(parameters: int, largest_layer: int | None = None) -> ModelFacts:
@@ -108,6 +135,12 @@ def from_factory(target: str, input_shape: Sequence[int] | None = None) -> Model
             f"--model={target!r} returned {type(model).__name__}, not a torch.nn.Module",
             "plan a Keras model with --params N (its model.count_params())",
         )
+    return walk(model, input_shape, f"--model {target}")
+
+
+def walk(model: Any, input_shape: Sequence[int] | None, source: str) -> ModelFacts:
+    """The facts of a built torch model; a model that starts with an embedding is probed
+    with token ids (zeros), any other with a zero sample."""
     named = [(name, m) for name, m in model.named_modules() if not list(m.children())]
     leaves = [m for _, m in named]
     layer_parameters = tuple(
@@ -116,8 +149,10 @@ def from_factory(target: str, input_shape: Sequence[int] | None = None) -> Model
     total = sum(p.numel() for p in model.parameters())
     shape = tuple(input_shape) if input_shape else _input_shape(leaves)
     activations: tuple[int, ...] = ()
+    inputs: dict[str, int] = {}
+    saved: tuple[tuple[str, int], ...] = ()
     if shape:
-        activations = _leaf_outputs(model, leaves, shape)
+        activations, inputs, saved = _probe(model, leaves, shape)
     return ModelFacts(
         parameters=total,
         largest_layer=max(layer_parameters, default=total) or total,
@@ -127,8 +162,14 @@ def from_factory(target: str, input_shape: Sequence[int] | None = None) -> Model
         named_layers=tuple(
             (name, count) for (name, _), count in zip(named, layer_parameters, strict=True)
         ),
+        modules=tuple(
+            (name, type(m).__name__, inputs[name])
+            for name, m in model.named_modules()
+            if name in inputs
+        ),
+        saved=saved,
         own_tensor_plan=dict(getattr(model, "_tp_plan", None) or {}),
-        source=f"--model {target}",
+        source=source,
     )
 
 
@@ -146,19 +187,54 @@ def _input_shape(leaves: list[Any]) -> tuple[int, ...]:
     return (int(in_features),) if isinstance(in_features, int) else ()
 
 
-def _leaf_outputs(model: Any, leaves: list[Any], shape: tuple[int, ...]) -> tuple[int, ...]:
+def _probe(
+    model: Any, leaves: list[Any], shape: tuple[int, ...]
+) -> tuple[tuple[int, ...], dict[str, int], tuple[tuple[str, int], ...]]:
+    """One forward pass of one sample, gradients on: each leaf's output elements, each
+    module's input elements (its first tensor argument) by dotted name, and what autograd
+    saves for backward (`ModelFacts.saved`)."""
     import torch
 
     sizes: dict[int, int] = {}
+    inputs: dict[str, int] = {}
+    running: list[str] = [""]
+    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages: set[int] = set()
+    saved: list[tuple[str, int]] = []
 
-    def hook(module: Any, _: Any, output: Any) -> None:
+    def output_hook(module: Any, _: Any, output: Any) -> None:
         if isinstance(output, torch.Tensor):
             sizes[id(module)] = sizes.get(id(module), 0) + output.numel()
 
-    handles = [leaf.register_forward_hook(hook) for leaf in leaves]
+    def enter(name: str) -> Any:
+        def record(_: Any, args: Any) -> None:
+            first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+            if first is not None and name not in inputs:
+                inputs[name] = first.numel()
+            running.append(name)
+
+        return record
+
+    def leave(*_: Any) -> None:
+        running.pop()
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        key = storage.data_ptr()
+        if key not in parameters and key not in storages:
+            storages.add(key)
+            saved.append((running[-1], -(-storage.nbytes() // 4)))
+        return tensor
+
+    handles = [leaf.register_forward_hook(output_hook) for leaf in leaves]
+    for name, m in model.named_modules():
+        if name:
+            handles += [m.register_forward_pre_hook(enter(name)), m.register_forward_hook(leave)]
+    tokens = bool(leaves) and isinstance(leaves[0], torch.nn.Embedding)
+    sample = torch.zeros((1, *shape), dtype=torch.long if tokens else torch.float32)
     try:
-        with torch.no_grad():
-            model(torch.zeros((1, *shape)))
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(sample)
     except Exception as error:  # the user's model refused the probe input
         raise ToolkitError(
             f"--model: a forward pass of one sample of shape {list(shape)} failed: {error}",
@@ -167,4 +243,14 @@ def _leaf_outputs(model: Any, leaves: list[Any], shape: tuple[int, ...]) -> tupl
     finally:
         for handle in handles:
             handle.remove()
-    return tuple(sizes.get(id(leaf), 0) for leaf in leaves)
+    return tuple(sizes.get(id(leaf), 0) for leaf in leaves), inputs, tuple(saved)
+
+
+def _outermost(blocks: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """The (name, size) entries not inside another entry's module."""
+    names = [name for name, _ in blocks]
+    return [
+        (name, size)
+        for name, size in blocks
+        if not any(name.startswith(f"{other}.") for other in names if other != name)
+    ]

@@ -53,7 +53,8 @@ class Setting:
         return self.spec.batch_for(self.ranks).accumulation
 
     def activations(self, per_sample: float | None = None, in_flight: int = 1) -> float | None:
-        sample = self.facts.activations_per_sample if per_sample is None else per_sample
+        recomputed = self.spec.activation_checkpointing.modules
+        sample = self.facts.kept_per_sample(recomputed) if per_sample is None else per_sample
         if sample is None:
             return None
         return float(sample * self.micro * mem.activation_bytes(self.spec) * in_flight)
