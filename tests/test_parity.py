@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.options import FULL_PARITY
-from toolkit.parity.cases import ENGINES, all_cases, merge, select
+from toolkit.parity.cases import ENGINES, TOLERANCE, all_cases, merge, select
 from toolkit.parity.harness import Harness, loss_deviation, weight_deviation
 from toolkit.spec import TrainSpec
 
@@ -123,3 +123,17 @@ def test_parity_cases_pass(harness: Harness) -> None:
     outcomes = harness.run(cases)
     failures = {o.case.name: o.error[-600:] or o.to_json() for o in outcomes if o.status != "pass"}
     assert not failures, failures
+
+
+@pytest.mark.multiproc
+def test_fp16_compression_changes_the_math_within_its_bound(harness: Harness) -> None:
+    """DDP's fp16 hook is applied (the run leaves the fp32 tolerance of the uncompressed
+    reference) and ends within the stated bound; Horovod's fp16 agrees with it run against run."""
+    ddp, same_cast = (
+        only("ddp/torchrun:mlp:sgd-accum2-clip-lrscale:fp16-compression"),
+        only("horovod-vs-ddp:mlp:fp16-compression"),
+    )
+    compressed, against = harness.run([ddp, same_cast])
+    assert compressed.status == "pass", compressed.error or compressed.to_json()
+    assert compressed.weight_deviation > TOLERANCE["fp32"]
+    assert against.status == "pass", against.error or against.to_json()

@@ -151,6 +151,10 @@ class Engine:
     hybrid_shards: bool = False
     """Shards over a mesh of `parallel.replicate` x shard ranks (FSDP's HSDP), so replicate must
     divide the world size."""
+    compressions: tuple[str, ...] = ("none",)
+    """Gradient compression it runs on the wire (spec `compression`): DDP's communication
+    hooks, Horovod's Compression.fp16; "none" only where the engine has none the toolkit
+    runs."""
     rank_ports: tuple[str, ...] = ()
     """Spec fields ("section.key") holding the first of a range of ports, one per rank of the
     job (port, port + 1, ...): each range must end at or below 65535."""
@@ -190,6 +194,7 @@ ENGINES: tuple[Engine, ...] = (
     Engine(
         backend="ddp",
         framework="torch",
+        compressions=("none", "fp16", "bf16", "powersgd"),
         backend_class="toolkit.backends.ddp.backend:DDPBackend",
         package="torch",
         probe="toolkit.backends.ddp.probe",
@@ -238,6 +243,7 @@ ENGINES: tuple[Engine, ...] = (
     Engine(
         backend="horovod",
         framework="torch",
+        compressions=("none", "fp16"),
         backend_class="toolkit.backends.horovod.torch_backend:HorovodTorchBackend",
         package="horovod",
         probe="toolkit.backends.horovod.probe",
@@ -253,6 +259,7 @@ ENGINES: tuple[Engine, ...] = (
     Engine(
         backend="horovod",
         framework="tensorflow",
+        compressions=("none", "fp16"),
         backend_class="toolkit.backends.horovod.tf_backend:HorovodTFBackend",
         package="horovod",
         probe="toolkit.backends.horovod.probe",

@@ -31,10 +31,11 @@ def allreduce_bytes(parameters: float, ranks: int, element_bytes: float) -> floa
 
 def gradient_bytes(spec: TrainSpec, *, zero_engine: bool) -> float:
     """Bytes per communicated gradient element: DeepSpeed sends in the model's dtype (16 bits
-    under bf16/fp16); autocast engines hold fp32 gradients; Horovod's fp16 compression halves."""
+    under bf16/fp16); autocast engines hold fp32 gradients; an fp16 or bf16 cast on the wire
+    (`compression`) halves them. PowerSGD's low-rank factors are not counted: figured as fp32."""
     if zero_engine and spec.precision != "fp32":
         return 2.0
-    if not zero_engine and spec.horovod.compression == "fp16":
+    if not zero_engine and spec.wire_compression in ("fp16", "bf16"):
         return 2.0
     return 4.0
 

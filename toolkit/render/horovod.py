@@ -95,7 +95,7 @@ def optimizer_options(spec: TrainSpec, world_size: int | None = None) -> dict[st
     """
     return {
         "compression": {"none": "Compression.none", "fp16": "Compression.fp16"}[
-            spec.horovod.compression
+            spec.wire_compression
         ],
         "op": {"average": "Average", "sum": "Sum", "adasum": "Adasum"}[spec.horovod.op],
         "backward_passes_per_step": spec.batch_for(world_size).accumulation,

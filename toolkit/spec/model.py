@@ -37,6 +37,7 @@ from toolkit.spec.sections import (
     ActivationCheckpointingSpec,
     BatchSpec,
     CheckpointSpec,
+    Compression,
     DdpSpec,
     FsdpSpec,
     HorovodSpec,
@@ -89,6 +90,12 @@ class TrainSpec(Section):
     )
     precision: Precision = Field(
         default="fp32", description="fp32, fp16 (with loss_scaling) or bf16."
+    )
+    compression: Compression = Field(
+        default="none",
+        description="Gradients compressed on the wire, by the engine's own means: fp16 or "
+        "bf16 casts (DDP's communication hooks, Horovod's Compression.fp16), powersgd (DDP's "
+        "PowerSGD hook, rank in ddp.powersgd_rank). Lossy: changes the math.",
     )
     loss_scaling: LossScalingSpec = Field(
         default_factory=LossScalingSpec, description="fp16 loss-scaling settings."
@@ -285,6 +292,22 @@ class TrainSpec(Section):
             _raise(rules.fsdp_issues(fsdp, data["backend"], data["precision"], data["device"]))
         return fsdp
 
+    @field_validator("horovod", mode="after")
+    @classmethod
+    def _compression_an_engine_runs(cls, horovod: HorovodSpec, info: ValidationInfo) -> HorovodSpec:
+        if _have(info, "backend", "compression", "device"):
+            data = info.data
+            _raise(
+                rules.compression_issues(
+                    data["compression"],
+                    data["backend"],
+                    data.get("framework"),
+                    horovod,
+                    data["device"],
+                )
+            )
+        return horovod
+
     @field_validator("activation_checkpointing")
     @classmethod
     def _recompute_where_an_engine_does(
@@ -314,6 +337,12 @@ class TrainSpec(Section):
         return self.model_dump(mode="json", by_alias=True)
 
     # -- resolved values ----------------------------------------------------------------------
+
+    @property
+    def wire_compression(self) -> str:
+        """The gradient compression in effect: `compression`, else Horovod's earlier spelling
+        of it (`horovod.compression`)."""
+        return self.compression if self.compression != "none" else self.horovod.compression
 
     @property
     def framework_name(self) -> Framework:

@@ -387,6 +387,35 @@ def fsdp_issues(fsdp: FsdpSpec, backend: str, precision: str, device: str) -> It
         )
 
 
+def compression_issues(
+    compression: str, backend: str, framework: str | None, horovod: HorovodSpec, device: str
+) -> Iterator[SpecIssue]:
+    """Compression only as an engine runs it; Horovod's own field is its earlier spelling."""
+    entry = engine_of(backend, framework)
+    if compression == "bf16" and device == "cpu":
+        yield _issue(
+            "compression",
+            compression,
+            "fp16 or powersgd on CPU: DDP's bf16 hook needs CUDA 11+ with NCCL 2.10+",
+            "set compression: fp16, or device: cuda",
+        )
+    if compression not in entry.compressions:
+        runs = [e.backend for e in engines.ENGINES if compression in e.compressions]
+        yield _issue(
+            "compression",
+            compression,
+            f"{', '.join(entry.compressions)} with backend {backend}",
+            f"set backend: {' or '.join(dict.fromkeys(runs))}, or remove compression",
+        )
+    if horovod.compression != "none" and compression not in ("none", horovod.compression):
+        yield _issue(
+            "horovod.compression",
+            horovod.compression,
+            f"the same as compression ({compression}): it is compression's earlier spelling",
+            "remove horovod.compression",
+        )
+
+
 def recompute_issues(
     section: ActivationCheckpointingSpec,
     backend: str,
@@ -479,7 +508,16 @@ def world_issues(
 def horovod_issues(
     horovod: HorovodSpec, backend: str, framework: str | None, launch: LaunchSpec
 ) -> Iterator[SpecIssue]:
-    """A controller written that the launcher cannot run (an unset one follows the launcher)."""
+    """A controller written that the launcher cannot run (an unset one follows the launcher),
+    and Adasum on a world size that is not a power of two (Horovod's rule for it)."""
+    world = fixed_world_size(launch)
+    if horovod.op == "adasum" and world is not None and world & (world - 1):
+        yield _issue(
+            "horovod.op",
+            "adasum",
+            f"a power-of-two world size for adasum (launch gives {world} ranks)",
+            "run 2, 4, 8, ... ranks, or set horovod.op: average",
+        )
     written = horovod.controller_setting
     entry = engine_of(backend, framework)
     if not entry.controllers or written is None:

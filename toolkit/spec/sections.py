@@ -40,6 +40,7 @@ OffloadDevice = Literal["none", "cpu", "nvme"]
 ReduceDtype = Literal["fp32", "bf16"]
 HorovodCompression = Literal["none", "fp16"]
 HorovodOp = Literal["average", "sum", "adasum"]
+Compression = Literal["none", "fp16", "bf16", "powersgd"]
 TfCommunication = Literal["ring", "nccl", "auto"]
 TfInstanceKeys = Literal["unique", "per_trace"]
 MultinodeLauncher = Literal["pdsh", "openmpi", "mvapich", "slurm"]
@@ -419,6 +420,19 @@ class DdpSpec(Section):
         description="Gradients are views into the buckets (torch's default is false): no "
         "copy into the bucket before each all-reduce and back after it, and one copy of the "
         "gradients fewer in memory.",
+    )
+
+    powersgd_rank: int = Field(
+        default=1,
+        ge=1,
+        description="compression: powersgd: the rank of PowerSGD's low-rank approximation of "
+        "each gradient matrix (PowerSGDState.matrix_approximation_rank).",
+    )
+    powersgd_start_step: int = Field(
+        default=2,
+        ge=2,
+        description="compression: powersgd: the optimizer step from which PowerSGD compresses "
+        "(plain all-reduce before it; start_powerSGD_iter).",
     )
 
 

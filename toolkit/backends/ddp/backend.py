@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
 from toolkit.backends import torch_batches as batches
@@ -29,6 +30,7 @@ from toolkit.backends.base import Backend, LossFn, MetricFn, MicroBatch, StateSh
 from toolkit.backends.torch_data import TorchData
 from toolkit.backends.torch_recompute import recompute
 from toolkit.checkpoint import CheckpointState
+from toolkit.errors import ToolkitError
 
 
 class DDPBackend(common.TorchCollectives, TorchData, Backend):
@@ -49,10 +51,34 @@ class DDPBackend(common.TorchCollectives, TorchData, Backend):
             bucket_cap_mb=self.spec.ddp.bucket_cap_mb,
             gradient_as_bucket_view=self.spec.ddp.gradient_as_bucket_view,
         )
+        self._compress(self.spec.compression)
         lr = self.spec.effective_lr(self.env.world_size)
         self.optimizer = optimizer or common.build_optimizer(self.model.parameters(), self.spec, lr)
         self.scheduler = common.lr_scheduler(self.optimizer, self.spec)
         return self.model
+
+    def _compress(self, compression: str) -> None:
+        """DDP's own communication hooks for `compression`: its fp16/bf16 casts (the bucket
+        divided by the world size, cast, summed, cast back) or PowerSGD with error feedback."""
+        if compression == "bf16" and self.device.type != "cuda":
+            raise ToolkitError(
+                "compression: bf16 runs DDP's bf16 hook, which needs CUDA 11+ with NCCL 2.10+, "
+                "and this rank trains on the CPU",
+                "set compression: fp16 on CPU machines",
+            )
+        if compression in ("fp16", "bf16"):
+            hook = default_hooks.fp16_compress_hook
+            if compression == "bf16":
+                hook = default_hooks.bf16_compress_hook
+            self.model.register_comm_hook(None, hook)
+        elif compression == "powersgd":
+            state = powerSGD_hook.PowerSGDState(
+                process_group=None,
+                matrix_approximation_rank=self.spec.ddp.powersgd_rank,
+                start_powerSGD_iter=self.spec.ddp.powersgd_start_step,
+                random_seed=self.spec.seed,
+            )
+            self.model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
 
     def train_step(self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn | None) -> float:
         self.optimizer.zero_grad(set_to_none=True)
