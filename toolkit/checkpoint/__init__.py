@@ -32,8 +32,8 @@ writes are each one ToolkitError naming the file):
     commit_save(DIR, step, ranks=n, origin, scalars, extras, keep)     rank 0 after a barrier
     Fragment(data, offset, shape)           a value for .write: elements [offset, offset +
                                             data.size) of the flattened tensor of `shape`
-    Block(data, start, shape)               a value for .write: the block of `shape` at
-                                            index `start` with data's shape
+    Block(data, start, shape)               a value for .write: data is the block of
+                                            the tensor of `shape` that starts at `start`
 
     latest(DIR) -> Path | None                                         newest complete step
     newest_verified(DIR) -> Newest(checkpoint, passed_over)            latest, or the newest
