@@ -81,7 +81,7 @@ def model_config(width: int = 64, layers: int = 2) -> Any:
 
 
 def build_model(config: Any = None) -> torch.nn.Module:
-    """GPT2LMHeadModel of `config` (model_config() when None; scripts/malloc_probe.py passes a
+    """GPT2LMHeadModel of `config` (model_config() when None; scripts/bench_recompute.py passes a
     larger one): its lm_head.weight is tied to transformer.wte.weight."""
     from transformers import GPT2LMHeadModel
 
