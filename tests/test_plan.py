@@ -372,3 +372,10 @@ def test_activation_checkpointing_keeps_each_recomputed_blocks_input_and_one_blo
     )
     [row] = [r for r in plan_rows(spec, facts, ranks=1) if r.name == "ddp+torch"]
     assert row.memory.activations == 8 * 4 * facts.kept_per_sample(["Block"])
+
+
+def test_facts_without_layer_names_plan_activations_as_the_leaf_outputs() -> None:
+    """Facts built by hand (the GPU check's, from a run's JSON) have no names to match a
+    recomputed class against: activations are the input and the leaves' outputs."""
+    facts = ModelFacts(parameters=10, largest_layer=5, layer_activations=(3, 4), input_elements=2)
+    assert facts.kept_per_sample(["GPT2Block"]) == facts.activations_per_sample == 9

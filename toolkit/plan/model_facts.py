@@ -70,10 +70,10 @@ class ModelFacts:
         recomputes one, what the largest one saves; everything else as before."""
         if not self.layer_activations:
             return None
-        held = list(self.saved) or [
-            (name, size)
-            for (name, _), size in zip(self.named_layers, self.layer_activations, strict=True)
-        ]
+        names = [name for name, _ in self.named_layers]
+        if len(names) != len(self.layer_activations):  # facts given without the layers' names
+            names = [""] * len(self.layer_activations)
+        held = list(self.saved) or list(zip(names, self.layer_activations, strict=True))
         base = 0 if self.saved else self.input_elements
         blocks = _outermost(
             [(name, size) for name, kind, size in self.modules if kind in recomputed]
