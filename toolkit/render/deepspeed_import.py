@@ -114,11 +114,12 @@ def _copy(out: _Build, reader: ConfigReader, names: dict[str, str], *, whole: bo
             out.put(spec_path, reader.at(key), _whole(value) if whole else value)
 
 
-def _optimizer(ds: ConfigReader, out: _Build, report: Report) -> None:
+def _optimizer(ds: ConfigReader, out: _Build, report: Report) -> str | None:
+    """The optimizer section; returns the FusedAdam note (`_fused_adam`) where it may apply."""
     if not ds.has("optimizer"):
         out.put("optimizer.name", "optimizer", "script")
         report.note("no optimizer section: optimizer.name script (the script passes its own)")
-        return
+        return None
     section = ds.sub("optimizer")
     params = section.sub("params")
     kind_value = section.get("type", "")
@@ -129,7 +130,8 @@ def _optimizer(ds: ConfigReader, out: _Build, report: Report) -> None:
         report.drop(
             "optimizer", section.data, "optimizer type not modelled (allowed Adam, AdamW, SGD)"
         )
-        return
+        return None
+    fused = None
     adam_w_mode = params.get("adam_w_mode") if kind in ADAM_TYPES else None
     name = (
         kind
@@ -145,7 +147,7 @@ def _optimizer(ds: ConfigReader, out: _Build, report: Report) -> None:
     if kind in ADAM_TYPES:
         torch_adam = params.get("torch_adam", False)
         if torch_adam is not True and params.get("bias_correction") is not False:
-            _fused_adam_note(ds, report, kind_value, name)
+            fused = _fused_adam(kind_value, name)
         if kind == "adam" and adam_w_mode is None:
             report.note("optimizer type Adam without adam_w_mode runs AdamW in DeepSpeed: adamw")
         names = {"betas": "optimizer.betas", "eps": "optimizer.eps"}
@@ -161,17 +163,14 @@ def _optimizer(ds: ConfigReader, out: _Build, report: Report) -> None:
         params.expect("dampening", 0.0)
     params.finish()
     section.finish()
+    return fused
 
 
-def _fused_adam_note(ds: ConfigReader, report: Report, kind: str, name: str) -> None:
-    """Without torch_adam, DeepSpeed builds its FusedAdam (GPUs), where the toolkit renders
-    torch's own Adam(W), unless the optimizer is offloaded (DeepSpeed's CPU Adam either way)."""
-    zero = ds.data.get("zero_optimization")
-    offload = zero.get("offload_optimizer") if isinstance(zero, dict) else None
-    device = offload.get("device") if isinstance(offload, dict) else None
-    if device in ("cpu", "nvme") or (isinstance(zero, dict) and zero.get("cpu_offload")):
-        return
-    report.note(
+def _fused_adam(kind: str, name: str) -> str:
+    """The note for an Adam config without torch_adam: DeepSpeed builds its FusedAdam (GPUs)
+    there, where the toolkit renders torch's own Adam(W). Given only when the optimizer is not
+    offloaded (then it is DeepSpeed's CPU Adam either way)."""
+    return (
         f"optimizer type {kind} without torch_adam runs DeepSpeed's FusedAdam on GPUs; the "
         f"toolkit renders torch_adam: true (torch.optim.{'AdamW' if name == 'adamw' else 'Adam'}, "
         "the same update rule)"
@@ -521,7 +520,7 @@ def spec_from_deepspeed(
     ds = ConfigReader(config, "", report)
     out = _Build()
     _batch(ds, out)
-    _optimizer(ds, out, report)
+    fused_adam = _optimizer(ds, out, report)
     _scheduler(ds, out, report)
     clip = ds.get("gradient_clipping")
     if clip is None:
@@ -530,6 +529,8 @@ def spec_from_deepspeed(
     out.put("clip_grad_norm", ds.at("gradient_clipping"), clip)
     _precision(ds, out)
     _zero(ds, out)
+    if fused_adam and out.data["zero"]["offload_optimizer"] in ("none", None):
+        report.note(fused_adam)
     _pipeline(ds, out)
     _deepspeed_keys(ds, out)
     _activation_checkpointing(ds, out)

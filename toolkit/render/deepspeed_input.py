@@ -171,7 +171,7 @@ class ConfigReader:
                 self.out.drop(path, value, f"the spec models only {show_value(default)}")
         elif path in keys.NO_MATH:
             self.out.leave_out(path, value, keys.NO_MATH[path])
-        elif not self.path and isinstance(path, str) and path.startswith("_"):
+        elif not self.path and path.startswith("_"):
             self.out.leave_out(path, value, "a comment (DeepSpeed reads no key that starts with _)")
         elif keys.disabled(value, top_level=not self.path):
             removed = " (DeepSpeed removed it and refuses the key)" if path in REMOVED else ""
