@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.options import FULL_PARITY
-from toolkit.parity.cases import ENGINES, TOLERANCE, all_cases, merge, select
+from toolkit.parity.cases import ENGINES, STEPS, TOLERANCE, all_cases, merge, select
 from toolkit.parity.harness import Harness, loss_deviation, weight_deviation
 from toolkit.spec import TrainSpec
 
@@ -137,3 +137,21 @@ def test_fp16_compression_changes_the_math_within_its_bound(harness: Harness) ->
     assert compressed.status == "pass", compressed.error or compressed.to_json()
     assert compressed.weight_deviation > TOLERANCE["fp32"]
     assert against.status == "pass", against.error or against.to_json()
+
+
+@pytest.mark.multiproc
+def test_fp16_engines_skip_the_references_overflowed_steps(harness: Harness) -> None:
+    """FSDP (its overflow check all-reduced over the shards) and Horovod skip exactly the steps
+    the fp16 reference skips, some but not all of them; a reference whose rule spends no
+    hysteresis skips others, and the case fails."""
+    fsdp, horovod = (
+        only("fsdp/torchrun:mlp:sgd-accum2-clip-lrscale:fp16:overflows"),
+        only("horovod/horovodrun-gloo:mlp:sgd-accum2-clip-lrscale:fp16:overflows"),
+    )
+    no_hysteresis = dataclasses.replace(fsdp, reference_spec={"loss_scaling": {"hysteresis": 1}})
+    sharded, ring, broken = harness.run([fsdp, horovod, no_hysteresis])
+    for outcome in (sharded, ring):
+        assert outcome.status == "pass", outcome.error or outcome.to_json()
+        assert 0 < len(outcome.skipped) < STEPS
+    assert broken.status == "fail", broken.error or broken.to_json()
+    assert broken.skipped != broken.reference_skipped

@@ -135,3 +135,22 @@ def test_fsdp_and_tensor_parallel_ranks_write_their_own_blocks(tmp_path: Path) -
     assert_identical(checkpoint.tensors("model"), weights(tmp_path / "at-save.npz"))
     optimizer_ranks = {r.rank for r in checkpoint.manifest.files if r.section == "optimizer"}
     assert optimizer_ranks == {0, 1, 2, 3}
+
+
+FP16 = "precision: fp16\nloss_scaling: {initial_scale_power: 19, loss_scale_window: 2}"
+
+
+@pytest.mark.parametrize("setup", ["ddp2", "fsdp2"])
+def test_fp16_resumes_with_its_loss_scale_and_skipped_steps(tmp_path: Path, setup: str) -> None:
+    """fp16 whose loss scale overflows before the step-3 save: the checkpoint keeps the scale,
+    the rule's counters and the skipped steps (which advanced no schedule), and the resumed run
+    skips what the uninterrupted one skipped, to identical weights."""
+    base = SETUPS[setup]
+    scaled = {setup: Setup(base.backend, f"{base.engine_lines}\n{FP16}", base.launcher, 2)}
+    reference = uninterrupted(tmp_path, scaled, setup, "sgd")
+    resumed, result = interrupted_then_resumed(tmp_path, scaled, setup, setup, "sgd")
+    assert_resumed(result, scaled[setup], ranks=2)
+    last = open_checkpoint(tmp_path / "checkpoints").state()
+    saved = last.extras["loss_scaler"]
+    assert 0 < saved["skipped_steps"] < last.step, saved
+    assert_identical(resumed, reference)

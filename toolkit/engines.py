@@ -217,7 +217,6 @@ ENGINES: tuple[Engine, ...] = (
         bench_native="toolkit.bench.cases:FSDP",
         launchers=("torchrun", "mpirun", "srun", "local"),
         standalone_environments=("torch_env", "single"),
-        precisions=("fp32", "bf16"),  # fp16 would need a sharded loss scaler
         tensor_parallel=True,
         hybrid_shards=True,
     ),

@@ -121,6 +121,12 @@ class Backend(ABC):
     def train_step(self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn | None) -> float:
         """Forward, backward and accumulate every micro-batch, then one optimizer step."""
 
+    @property
+    def skipped_steps(self) -> int:
+        """fp16 steps skipped for overflowed gradients, on the engines that scale the loss."""
+        scaler = getattr(self, "scaler", None)
+        return scaler.skipped_steps if scaler is not None else 0
+
     def reported_loss(self, local: Any) -> float:
         """What train_step returns, from this process's mean loss (spec.step_loss): as it is, or
         averaged over the ranks. The all-reduce blocks until every rank has finished its step,

@@ -115,30 +115,6 @@ def autocast(spec: TrainSpec, device: torch.device) -> AbstractContextManager[An
     return nullcontext()
 
 
-def grad_scaler(spec: TrainSpec, device: torch.device) -> torch.amp.GradScaler | None:
-    """fp16 loss scaling on `device` from the spec (dynamic unless loss_scale is fixed), None
-    otherwise."""
-    if spec.precision != "fp16":
-        return None
-    scaling = spec.loss_scaling
-    if scaling.loss_scale:
-        # A fixed scale: never grow, never shrink.
-        return torch.amp.GradScaler(
-            device.type,
-            init_scale=scaling.loss_scale,
-            growth_factor=1.0,
-            backoff_factor=1.0,
-            growth_interval=2**31 - 1,
-        )
-    return torch.amp.GradScaler(
-        device.type,
-        init_scale=2.0**scaling.initial_scale_power,
-        growth_factor=2.0,
-        backoff_factor=0.5,
-        growth_interval=scaling.loss_scale_window,
-    )
-
-
 def rendezvous(spec: TrainSpec, env: LaunchEnvironment) -> Rendezvous:
     """Where rank 0 of torch.distributed listens, from whatever launcher started us."""
     if env.master_addr and env.master_port:

@@ -25,6 +25,7 @@ import torch
 
 from toolkit.backends.base import StateShare
 from toolkit.backends.torch_common import numpy_state, portable, to_numpy
+from toolkit.backends.torch_loss_scale import LossScaler
 from toolkit.checkpoint import CheckpointState, optimizer_key, split_optimizer_key
 from toolkit.errors import ToolkitError
 
@@ -234,20 +235,12 @@ def advance_scheduler(scheduler: Any, steps: int) -> None:
         scheduler.step()
 
 
-def scaler_extras(scaler: torch.amp.GradScaler | None) -> dict[str, Any]:
-    if scaler is None:
-        return {}
-    saved = scaler.state_dict()
-    return {"loss_scaler": {"scale": saved["scale"], "growth_tracker": saved["_growth_tracker"]}}
-
-
-def restore_scaler(scaler: torch.amp.GradScaler | None, extras: dict[str, Any]) -> None:
-    saved = extras.get("loss_scaler")
-    if scaler is None or not isinstance(saved, dict) or "scale" not in saved:
-        return
-    state = scaler.state_dict()
-    state.update(scale=float(saved["scale"]), _growth_tracker=int(saved.get("growth_tracker", 0)))
-    scaler.load_state_dict(state)
+def applied_steps(state: CheckpointState) -> int:
+    """The optimizer steps a checkpoint's run applied: its steps less those fp16 skipped for an
+    overflow, which advanced no schedule."""
+    saved = state.extras.get("loss_scaler")
+    skipped = saved.get("skipped_steps", 0) if isinstance(saved, dict) else 0
+    return state.step - int(skipped)
 
 
 def capture_replicated(
@@ -256,7 +249,7 @@ def capture_replicated(
     *,
     rank: int,
     writer: bool | None = None,
-    scaler: torch.amp.GradScaler | None = None,
+    scaler: LossScaler | None = None,
 ) -> StateShare:
     """Engines whose every rank holds the whole state (DDP, Horovod, ZeRO-0): one rank (rank
     0, or the `writer` of each pipeline stage) writes the weights and the optimizer state,
@@ -266,7 +259,8 @@ def capture_replicated(
         share.model = dict(numpy_state(module))
         share.optimizer, scalars = optimizer_tensors(optimizer, module)
         if rank == 0:
-            share.scalars, share.extras = scalars, scaler_extras(scaler)
+            share.scalars = scalars
+            share.extras = scaler.state() if scaler else {}
     return share
 
 
@@ -277,11 +271,12 @@ def restore_replicated(
     *,
     rank: int,
     scheduler: Any = None,
-    scaler: torch.amp.GradScaler | None = None,
+    scaler: LossScaler | None = None,
 ) -> None:
     """Every rank loads the whole state from the checkpoint (no broadcast needed)."""
     restore_module(module, state)
     restore_optimizer(optimizer, module, state)
-    advance_scheduler(scheduler, state.step)
-    restore_scaler(scaler, state.extras)
+    advance_scheduler(scheduler, applied_steps(state))
+    if scaler:
+        scaler.load(state.extras)
     restore_rng(state, rank)

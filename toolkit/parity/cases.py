@@ -16,7 +16,11 @@ max |loss - loss_ref| / |loss_ref| per step:
   rounded to 8 mantissa bits (about 4e-3 relative), so a different split of the batch rounds
   differently. bf16 runs use SGD, not Adam: Adam divides by sqrt(v), turning rounding noise on
   near-zero gradients into whole steps (deviations: docs/engine-notes.md, PyTorch).
-- fp16 is not parity-checked here: on CPU it is emulated, and no engine here uses it by default.
+- fp16 5e-3, against a reference with the same fp16 autocast and loss scaling, cut into the
+  engine's micro-batches (toolkit.parity.worker): fp16 keeps 3 more mantissa bits than bf16, so
+  its rounding is an eighth of bf16's; FSDP computes the whole forward in fp16 (its
+  MixedPrecisionPolicy) where autocast keeps some ops in fp32. The fp16 cases also require the
+  engine to skip exactly the reference's overflowed steps (FP16_OVERFLOWS).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import Any
 
 from toolkit import engines
 
-TOLERANCE = {"fp32": 1e-5, "bf16": 2e-2}
+TOLERANCE = {"fp32": 1e-5, "bf16": 2e-2, "fp16": 5e-3}
 STEPS = 20
 # step_loss global: the per-step losses are compared with the one-process reference's.
 BASE: dict[str, Any] = {"seed": 11, "batch": {"global": 32}, "step_loss": "global"}
@@ -307,6 +311,21 @@ def _same_cast(engine_key: str, other_key: str) -> Case:
     )
 
 
+FP16_OVERFLOWS: dict[str, Any] = {
+    "loss_scaling": {"initial_scale_power": 20, "loss_scale_window": 3, "hysteresis": 2}
+}
+"""fp16 loss scaling that overflows and recovers within the SGD recipe's 20 steps: from 2^20
+the first three steps overflow (the first spends the hysteresis, the next two halve the scale),
+the scale doubles after three clean steps and overflows again, so the skipped steps exercise
+every branch of the rule (toolkit.loss_scaling)."""
+
+
+def _fp16(engine_key: str) -> Case:
+    """fp16 with dynamic loss scaling, held to the fp16 reference: the same steps skipped."""
+    case = _case(engine_key, "sgd-accum2-clip-lrscale", precision="fp16")
+    return replace(case, name=f"{case.name}:overflows", spec=merge(case.spec, FP16_OVERFLOWS))
+
+
 def _recomputed(engine_key: str) -> Case:
     """The engine with every Linear layer's activations recomputed in the backward pass
     (activation_checkpointing.modules): held to the reference that keeps them."""
@@ -335,6 +354,9 @@ def all_cases() -> list[Case]:
             "zero3/deepspeed",
             "horovod/horovodrun-gloo",
         )
+    ]
+    cases += [
+        _fp16(engine) for engine in ("ddp/torchrun", "fsdp/torchrun", "horovod/horovodrun-gloo")
     ]
     cases += [
         _case(engine, "sgd-logwarmup-linear")

@@ -3,8 +3,8 @@
 Under an engine (started by its real launcher) it trains through `toolkit.init`; with
 `--reference FRAMEWORK` it is the single-process reference instead: a plain torch or Keras loop
 that imports no toolkit backend, so that a bug shared by the backends cannot cancel out. Both
-train the same steps of the same data order, and rank 0 writes the per-step losses and the final
-weights in canonical form (torch names and layouts) to DIR.
+train the same steps of the same data order, and rank 0 writes the per-step losses, the final
+weights in canonical form (torch names and layouts) and the steps fp16 skipped to DIR.
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ import argparse
 import contextlib
 import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -32,7 +34,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--reference", choices=["torch", "tensorflow"])
+    parser.add_argument(
+        "--ranks", type=int, default=1, help="data-parallel ranks an fp16 reference cuts for"
+    )
     return parser.parse_args(argv)
+
+
+@dataclass
+class Run:
+    """What a run leaves for the comparison: per-step losses, final weights (canonical names),
+    and the steps fp16 skipped for overflowed gradients."""
+
+    losses: list[float]
+    weights: dict[str, Any]
+    skipped: list[int] = field(default_factory=list)
 
 
 def global_batches(spec: TrainSpec, steps: int, num_samples: int) -> list[np.ndarray]:
@@ -42,7 +57,30 @@ def global_batches(spec: TrainSpec, steps: int, num_samples: int) -> list[np.nda
     return [micro_batch_indices(order, whole, step=s, dp_rank=0)[0] for s in range(steps)]
 
 
-def reference_torch(spec: TrainSpec, arch: str, steps: int) -> tuple[list[float], dict]:
+def torch_optimizer(spec: TrainSpec, model: Any) -> Any:
+    """The spec's optimizer as plain torch builds it, at the effective learning rate."""
+    import torch
+
+    opt, lr = spec.optimizer, spec.effective_lr()
+    if opt.name == "sgd":
+        return torch.optim.SGD(
+            model.parameters(),
+            lr=lr,
+            momentum=opt.momentum,
+            weight_decay=opt.weight_decay,
+            nesterov=opt.nesterov,
+        )
+    adam = torch.optim.AdamW if opt.name == "adamw" else torch.optim.Adam
+    return adam(
+        model.parameters(),
+        lr=lr,
+        betas=(opt.betas[0], opt.betas[1]),
+        eps=opt.eps,
+        weight_decay=opt.weight_decay,
+    )
+
+
+def reference_torch(spec: TrainSpec, arch: str, steps: int) -> Run:
     import torch
 
     from toolkit.parity import torch_models
@@ -52,24 +90,7 @@ def reference_torch(spec: TrainSpec, arch: str, steps: int) -> tuple[list[float]
     x = torch.from_numpy(inputs_for(arch, data.x_train, "torch"))
     y = torch.from_numpy(data.y_train)
     model = torch_models.build(arch, initial_weights(arch, spec.seed))
-    opt, lr = spec.optimizer, spec.effective_lr()
-    if opt.name == "sgd":
-        optimizer: torch.optim.Optimizer = torch.optim.SGD(
-            model.parameters(),
-            lr=lr,
-            momentum=opt.momentum,
-            weight_decay=opt.weight_decay,
-            nesterov=opt.nesterov,
-        )
-    else:
-        adam = torch.optim.AdamW if opt.name == "adamw" else torch.optim.Adam
-        optimizer = adam(
-            model.parameters(),
-            lr=lr,
-            betas=(opt.betas[0], opt.betas[1]),
-            eps=opt.eps,
-            weight_decay=opt.weight_decay,
-        )
+    optimizer, lr = torch_optimizer(spec, model), spec.effective_lr()
     # bf16 engines are held to a bf16 reference: the same autocast, in one process.
     precision = (
         torch.autocast("cpu", dtype=torch.bfloat16)
@@ -89,10 +110,61 @@ def reference_torch(spec: TrainSpec, arch: str, steps: int) -> tuple[list[float]
         optimizer.step()
         losses.append(float(loss.detach()))
     weights = {name: t.detach().numpy().copy() for name, t in model.state_dict().items()}
-    return losses, weights
+    return Run(losses, weights)
 
 
-def reference_tensorflow(spec: TrainSpec, arch: str, steps: int) -> tuple[list[float], dict]:
+def reference_torch_fp16(spec: TrainSpec, arch: str, steps: int, ranks: int) -> Run:
+    """fp16 with loss scaling, in one process but cut as `ranks` data-parallel ranks cut each
+    step: whether a gradient overflows fp16 depends on each micro-batch's backward (its loss is
+    a share of its rank's), so the reference runs the same micro-batches, sums their scaled
+    gradients and divides by the ranks, as an all-reduce average does. A step that overflows
+    is skipped and the scale follows the spec's rule (toolkit.loss_scaling, DeepSpeed's)."""
+    import torch
+
+    from toolkit.loss_scaling import LossScaleRule
+    from toolkit.parity import torch_models
+
+    torch.set_num_threads(1)
+    data = digits()
+    x = torch.from_numpy(inputs_for(arch, data.x_train, "torch"))
+    y = torch.from_numpy(data.y_train)
+    model = torch_models.build(arch, initial_weights(arch, spec.seed))
+    optimizer, lr = torch_optimizer(spec, model), spec.effective_lr(ranks)
+    batch = spec.batch_for(ranks)
+    layout = StepLayout(micro=batch.micro, accumulation=batch.accumulation, dp_size=batch.dp)
+    order = epoch_order(len(y), seed=spec.seed, epoch=0, shuffle=True)
+    rule = LossScaleRule.from_spec(spec.loss_scaling)
+    losses, skipped, applied = [], [], 0
+    for step in range(steps):
+        for group in optimizer.param_groups:  # the schedule moves with applied steps only
+            group["lr"] = lr * lr_ratio(spec.schedule, applied)
+        optimizer.zero_grad()
+        step_losses = []
+        for rank in range(batch.dp):
+            for indices in micro_batch_indices(order, layout, step=step, dp_rank=rank):
+                with torch.autocast("cpu", dtype=torch.float16):
+                    loss = torch_models.loss_fn(model(x[indices]), y[indices])
+                share = loss / batch.accumulation if batch.accumulation > 1 else loss
+                (share * rule.scale).backward()  # as an engine's GradScaler does
+                step_losses.append(float(loss.detach()))
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        for grad in grads:
+            grad.div_(batch.dp * rule.scale)
+        overflow = not all(bool(torch.isfinite(grad).all()) for grad in grads)
+        if not overflow:
+            if spec.clip_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), spec.clip_grad_norm)
+            optimizer.step()
+            applied += 1
+        else:
+            skipped.append(step)
+        rule.update(overflow)
+        losses.append(float(np.mean(step_losses)))
+    weights = {name: t.detach().numpy().copy() for name, t in model.state_dict().items()}
+    return Run(losses, weights, skipped)
+
+
+def reference_tensorflow(spec: TrainSpec, arch: str, steps: int) -> Run:
     import tensorflow as tf
 
     from toolkit.backends.tf.optimizers import TorchAdam, TorchSGD
@@ -131,10 +203,10 @@ def reference_tensorflow(spec: TrainSpec, arch: str, steps: int) -> tuple[list[f
             grads = [g * tf.minimum(1.0, spec.clip_grad_norm / (norm + 1e-6)) for g in grads]
         optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         losses.append(float(loss))
-    return losses, keras_models.canonical(arch, [np.asarray(w) for w in model.weights])
+    return Run(losses, keras_models.canonical(arch, [np.asarray(w) for w in model.weights]))
 
 
-def engine_run(spec: TrainSpec, arch: str, steps: int) -> tuple[list[float], dict, bool]:
+def engine_run(spec: TrainSpec, arch: str, steps: int) -> tuple[Run, bool]:
     import toolkit
 
     run = toolkit.init(spec)
@@ -150,10 +222,14 @@ def engine_run(spec: TrainSpec, arch: str, steps: int) -> tuple[list[float], dic
         model = models.build(arch, start)
     run.prepare(model)
     losses: list[float] = []
+    skipped: list[int] = []
     for micro_batches in run.loader((x, data.y_train)):
         if len(losses) == steps:
             break
+        before = run.skipped_steps
         losses.append(run.train_step(micro_batches, models.loss_fn))
+        if run.skipped_steps > before:
+            skipped.append(len(losses) - 1)
     state = run.full_state_dict()
     if framework != "torch":
         from toolkit.parity import keras_models
@@ -161,23 +237,26 @@ def engine_run(spec: TrainSpec, arch: str, steps: int) -> tuple[list[float], dic
         state = keras_models.canonical(arch, list(state.values()))
     is_main = run.is_main
     run.shutdown()
-    return losses, state, is_main
+    return Run(losses, state, skipped), is_main
 
 
 def main() -> int:
     args = parse_args(split_local_rank_arg(sys.argv[1:])[0])  # the deepspeed launcher's
     spec = TrainSpec.from_dict(json.loads(Path(args.spec).read_text()))
-    if args.reference == "torch":
-        losses, weights, write = *reference_torch(spec, args.arch, args.steps), True
+    if args.reference == "torch" and spec.precision == "fp16":
+        result, write = reference_torch_fp16(spec, args.arch, args.steps, args.ranks), True
+    elif args.reference == "torch":
+        result, write = reference_torch(spec, args.arch, args.steps), True
     elif args.reference == "tensorflow":
-        losses, weights, write = *reference_tensorflow(spec, args.arch, args.steps), True
+        result, write = reference_tensorflow(spec, args.arch, args.steps), True
     else:
-        losses, weights, write = engine_run(spec, args.arch, args.steps)
+        result, write = engine_run(spec, args.arch, args.steps)
     if write:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        np.savez(out / "weights.npz", **weights)
-        (out / "losses.json").write_text(json.dumps(losses))
+        np.savez(out / "weights.npz", **result.weights)
+        (out / "losses.json").write_text(json.dumps(result.losses))
+        (out / "skipped.json").write_text(json.dumps(result.skipped))
     return 0
 
 

@@ -220,6 +220,12 @@ class Run:
         return loss
 
     @property
+    def skipped_steps(self) -> int:
+        """Steps that fp16 skipped because their gradients overflowed (DeepSpeed's
+        `engine.skipped_steps`): they count in `step` but moved no weight and no schedule."""
+        return self.backend.skipped_steps
+
+    @property
     def loss_label(self) -> str:
         """The name of what train_step returns, as rank 0 shows it (the bar, plots): rank 0's
         own loss unless the spec asks for the mean over every rank (step_loss)."""

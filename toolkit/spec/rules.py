@@ -368,15 +368,14 @@ def layout_issues(parallel: ParallelSpec, backend: str, zero: ZeroSpec) -> Itera
 
 
 def fsdp_issues(fsdp: FsdpSpec, backend: str, precision: str, device: str) -> Iterator[SpecIssue]:
-    """An engine's precisions (FSDP: fp32 or bf16, its fp16 would need a sharded loss scaler
-    the toolkit does not run), and offload only from a GPU."""
+    """An engine's precisions (the engine table's), and offload only from a GPU."""
     entry = engine_of(backend, None)
     if precision not in entry.precisions:
         yield _issue(
             "precision",
             precision,
             f"{' or '.join(entry.precisions)} with backend {backend}",
-            "use bf16 (no loss scaling needed), or an engine that runs fp16 (ddp, deepspeed)",
+            "use a precision the engine runs, or a torch engine (ddp, fsdp, deepspeed, horovod)",
         )
     if entry.hybrid_shards and fsdp.offload == "cpu" and device == "cpu":
         yield _issue(

@@ -152,7 +152,8 @@ class OptimizerSpec(Section):
 
 
 class LossScalingSpec(Section):
-    """fp16 loss scaling, used only when precision is fp16 (names follow DeepSpeed's)."""
+    """fp16 loss scaling, used only when precision is fp16: DeepSpeed's rule and names, which
+    DDP, FSDP and Horovod follow step for step (toolkit.loss_scaling)."""
 
     loss_scale: float = Field(
         default=0.0, ge=0, description="0 = dynamic loss scaling; any other value is a fixed scale."

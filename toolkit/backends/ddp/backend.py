@@ -28,6 +28,7 @@ from toolkit.backends import torch_common as common
 from toolkit.backends import torch_device, torch_state
 from toolkit.backends.base import Backend, LossFn, MetricFn, MicroBatch, StateShare
 from toolkit.backends.torch_data import TorchData
+from toolkit.backends.torch_loss_scale import loss_scaler
 from toolkit.backends.torch_recompute import recompute
 from toolkit.checkpoint import CheckpointState
 from toolkit.errors import ToolkitError
@@ -39,7 +40,7 @@ class DDPBackend(common.TorchCollectives, TorchData, Backend):
 
     def setup(self) -> None:
         self.device = torch_device.start_process_group(self.spec, self.env)
-        self.scaler = common.grad_scaler(self.spec, self.device)
+        self.scaler = loss_scaler(self.spec, self.device)
 
     def prepare(self, model: Any, optimizer: Any | None = None) -> DistributedDataParallel:
         module = common.require_module(model).to(self.device)
@@ -97,15 +98,15 @@ class DDPBackend(common.TorchCollectives, TorchData, Backend):
 
     def _step(self) -> None:
         if self.scaler:
-            self.scaler.unscale_(self.optimizer)
+            self.scaler.unscale(self.optimizer, self.model.parameters())
         if self.spec.clip_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.clip_grad_norm)
         if self.scaler:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
+            taken = self.scaler.step(self.optimizer)
         else:
             self.optimizer.step()
-        if self.scheduler is not None:
+            taken = True
+        if taken and self.scheduler is not None:
             self.scheduler.step()
 
     def eval_sums(

@@ -240,8 +240,14 @@ class DeepSpeedBackend(common.TorchCollectives, TorchData, Backend):
                 writer=self.dp_rank == 0,
             )
         if self.env.rank == 0:
-            share.extras.update(state.loss_scaler_extras(self.engine.optimizer))
+            share.extras.update(
+                state.loss_scaler_extras(self.engine.optimizer, self.engine.skipped_steps)
+            )
         return share
+
+    @property
+    def skipped_steps(self) -> int:
+        return int(self.engine.skipped_steps)
 
     def restore_state(self, saved: CheckpointState) -> None:
         engine = self.engine
@@ -252,8 +258,9 @@ class DeepSpeedBackend(common.TorchCollectives, TorchData, Backend):
             torch_state.restore_optimizer(
                 engine.optimizer, engine.module, saved, part=self.uses_pipeline
             )
-        torch_state.advance_scheduler(engine.lr_scheduler, saved.step)
+        torch_state.advance_scheduler(engine.lr_scheduler, torch_state.applied_steps(saved))
         state.restore_loss_scaler(engine.optimizer, saved.extras)
+        engine.skipped_steps = saved.step - torch_state.applied_steps(saved)
         torch_state.restore_rng(saved, self.env.rank)
         # The engine's own counters, as k uninterrupted steps leave them.
         engine.global_steps = saved.step

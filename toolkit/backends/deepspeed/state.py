@@ -225,13 +225,17 @@ def _ensure_state(optimizer: Any, slots: list[str], step: torch.Tensor | None) -
             state[STEP] = step.clone()
 
 
-def loss_scaler_extras(optimizer: Any) -> dict[str, Any]:
-    """fp16's dynamic loss scale (DeepSpeed's names), when the optimizer has one."""
+def loss_scaler_extras(optimizer: Any, skipped_steps: int) -> dict[str, Any]:
+    """fp16's dynamic loss scale (DeepSpeed's names) and the steps it skipped, when the
+    optimizer has one: the torch engines' loss scaler reads the same fields."""
     scaler = getattr(optimizer, "loss_scaler", None)
     if scaler is None or not hasattr(scaler, "cur_scale"):
         return {}
     scale = scaler.cur_scale
-    saved = {"scale": float(scale.item() if isinstance(scale, torch.Tensor) else scale)}
+    saved = {
+        "scale": float(scale.item() if isinstance(scale, torch.Tensor) else scale),
+        "skipped_steps": int(skipped_steps),
+    }
     for field in ("cur_iter", "last_overflow_iter", "cur_hysteresis"):
         if hasattr(scaler, field):
             saved[field] = int(getattr(scaler, field))

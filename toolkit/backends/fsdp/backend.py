@@ -9,10 +9,12 @@ reduce-scatters its gradients; the optimizer steps on this rank's fp32 shards (D
   `set_requires_gradient_sync(False)`, so gradients add up unsharded in each unit and are
   reduced once per step; each micro-batch's loss is divided by their number, and FSDP averages
   over ranks, so the step's gradient is the global-batch mean, as under DDP.
-- Mixed precision is FSDP's MixedPrecisionPolicy: under bf16 the gathered parameters and the
-  forward are bf16, gradients are reduced in `fsdp.reduce_dtype` (fp32 unless the spec says
-  otherwise) and the optimizer keeps fp32 masters. The model must be fp32 when it is sharded:
-  a model cast to bf16 first would keep bf16 masters (accelerate issue 2624's trap).
+- Mixed precision is FSDP's MixedPrecisionPolicy: under bf16 or fp16 the gathered parameters
+  and the forward are in that dtype, gradients are reduced in `fsdp.reduce_dtype` (fp32 unless
+  the spec says otherwise) and the optimizer keeps fp32 masters. fp16 adds the spec's loss
+  scaling (toolkit.backends.torch_loss_scale), its overflow check all-reduced over the shards.
+  The model must be fp32 when it is sharded: a model cast to bf16 first would keep bf16
+  masters (accelerate issue 2624's trap).
 - Clipping is torch's `clip_grad_norm_` over the sharded gradients (DTensors: the norm is
   reduced over the ranks), the formula every engine uses.
 - Weights and checkpoints go through PyTorch's distributed checkpoint state-dict API
@@ -53,11 +55,13 @@ from toolkit.backends import torch_device, torch_state
 from toolkit.backends.base import Backend, LossFn, MetricFn, MicroBatch, StateShare
 from toolkit.backends.fsdp.tensor import tensor_plan
 from toolkit.backends.torch_data import TorchData
+from toolkit.backends.torch_loss_scale import loss_scaler
 from toolkit.backends.torch_recompute import modules_of_classes, recompute
 from toolkit.checkpoint import Block, CheckpointState, optimizer_key
 from toolkit.errors import ToolkitError
 
 REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+COMPUTE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 FULL = StateDictOptions(full_state_dict=True)
 """Every rank gathers every full tensor (full_state_dict is identical on every rank)."""
 
@@ -68,6 +72,8 @@ class FSDPBackend(common.TorchCollectives, TorchData, Backend):
 
     def setup(self) -> None:
         self.device = torch_device.start_process_group(self.spec, self.env)
+        # Each rank holds a shard of the gradients: whether they overflowed is all-reduced.
+        self.scaler = loss_scaler(self.spec, self.device, sharded=True)
         if self.spec.fsdp.offload == "cpu" and self.device.type == "cpu":
             raise ToolkitError(
                 "fsdp.offload: cpu moves shards from a GPU to the host, and this rank trains on "
@@ -123,11 +129,13 @@ class FSDPBackend(common.TorchCollectives, TorchData, Backend):
         return self.model
 
     def _precision_policy(self) -> MixedPrecisionPolicy:
-        """bf16: gather and compute in bf16, reduce in fsdp.reduce_dtype; fp32: no casts."""
-        if self.spec.precision != "bf16":
+        """bf16 and fp16: gather and compute in that dtype, reduce in fsdp.reduce_dtype; fp32:
+        no casts."""
+        if self.spec.precision == "fp32":
             return MixedPrecisionPolicy()
         return MixedPrecisionPolicy(
-            param_dtype=torch.bfloat16, reduce_dtype=REDUCE_DTYPES[self.spec.fsdp.reduce_dtype]
+            param_dtype=COMPUTE_DTYPES[self.spec.precision],
+            reduce_dtype=REDUCE_DTYPES[self.spec.fsdp.reduce_dtype],
         )
 
     def train_step(self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn | None) -> float:
@@ -138,12 +146,19 @@ class FSDPBackend(common.TorchCollectives, TorchData, Backend):
             # Reduce-scatter with the last micro-batch's backward only (module docs).
             self.model.set_requires_gradient_sync(index == count - 1)
             loss = batches.micro_batch_loss(self.model, batch, loss_fn, device=self.device)
-            batches.share_of_step(loss, count).backward()
+            share = batches.share_of_step(loss, count)
+            (self.scaler.scale(share) if self.scaler else share).backward()
             losses.append(loss.detach())
+        if self.scaler:
+            self.scaler.unscale(self.optimizer, self.model.parameters())
         if self.spec.clip_grad_norm > 0:
             clip_sharded(list(self.model.parameters()), self.spec.clip_grad_norm)
-        self.optimizer.step()
-        if self.scheduler is not None:
+        if self.scaler:
+            taken = self.scaler.step(self.optimizer)
+        else:
+            self.optimizer.step()
+            taken = True
+        if taken and self.scheduler is not None:
             self.scheduler.step()
         return self.reported_loss(batches.mean_loss(losses))
 
@@ -179,6 +194,7 @@ class FSDPBackend(common.TorchCollectives, TorchData, Backend):
         share.optimizer = own_parts(slots, self.env.rank)
         if self.env.rank == 0:
             share.scalars = torch_state.step_scalars(steps, share.optimizer)
+            share.extras = self.scaler.state() if self.scaler else {}
         return share
 
     def restore_state(self, state: CheckpointState) -> None:
@@ -202,7 +218,9 @@ class FSDPBackend(common.TorchCollectives, TorchData, Backend):
             "param_groups": current["param_groups"],
         }
         set_optimizer_state_dict(self.model, self.optimizer, restored, options=FULL)
-        torch_state.advance_scheduler(self.scheduler, state.step)
+        torch_state.advance_scheduler(self.scheduler, torch_state.applied_steps(state))
+        if self.scaler:
+            self.scaler.load(state.extras)
         torch_state.restore_rng(state, self.env.rank)
 
     def shutdown(self) -> None:

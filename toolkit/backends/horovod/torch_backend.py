@@ -38,6 +38,7 @@ from toolkit.backends import torch_device, torch_state
 from toolkit.backends.base import Backend, LossFn, MetricFn, MicroBatch, StateShare
 from toolkit.backends.horovod.settings import check_world_size, export_environment
 from toolkit.backends.torch_data import TorchData
+from toolkit.backends.torch_loss_scale import loss_scaler
 from toolkit.backends.torch_recompute import recompute
 from toolkit.checkpoint import CheckpointState
 from toolkit.errors import ToolkitError
@@ -63,7 +64,7 @@ class HorovodTorchBackend(TorchData, Backend):
                 "rebuild Horovod with HOROVOD_GPU_OPERATIONS=NCCL (scripts/build_horovod.sh), or "
                 "set device: cpu",
             )
-        self.scaler = common.grad_scaler(self.spec, self.device)
+        self.scaler = loss_scaler(self.spec, self.device)
 
     def prepare(self, model: Any, optimizer: Any | None = None) -> torch.nn.Module:
         self.model = common.require_module(model).to(self.device)
@@ -97,26 +98,27 @@ class HorovodTorchBackend(TorchData, Backend):
             (self.scaler.scale(share) if self.scaler else share).backward()
             losses.append(loss.detach())
         if self.spec.clip_grad_norm > 0 or self.scaler:
-            self._synchronized_step()
+            taken = self._synchronized_step()
         else:
             self.optimizer.step()
-        if self.scheduler is not None:
+            taken = True
+        if taken and self.scheduler is not None:
             self.scheduler.step()
         return self.reported_loss(batches.mean_loss(losses))
 
-    def _synchronized_step(self) -> None:
-        """The step on the all-reduced gradient: unscaled and clipped first (module docs)."""
+    def _synchronized_step(self) -> bool:
+        """The step on the all-reduced gradient, unscaled and clipped first (module docs);
+        False when fp16 gradients overflowed and the step was skipped."""
         self.optimizer.synchronize()
         if self.scaler:
-            self.scaler.unscale_(self.optimizer)
+            self.scaler.unscale(self.optimizer, self.model.parameters())
         if self.spec.clip_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.clip_grad_norm)
         with self.optimizer.skip_synchronize():
             if self.scaler:
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-            else:
-                self.optimizer.step()
+                return self.scaler.step(self.optimizer)
+            self.optimizer.step()
+        return True
 
     def eval_sums(
         self, micro_batches: Sequence[MicroBatch], metric_fn: MetricFn, *, pairs: bool
