@@ -13,7 +13,7 @@ from deepspeed.runtime.fp16 import loss_scaler as deepspeed_scalers
 from toolkit.backends.torch_loss_scale import LossScaler
 from toolkit.errors import ToolkitError
 from toolkit.loss_scaling import LossScaleRule
-from toolkit.spec import TrainSpec
+from toolkit.spec import SpecError, TrainSpec
 from toolkit.spec.sections import LossScalingSpec
 
 SETTINGS = [
@@ -123,3 +123,13 @@ def test_the_torch_scaler_skips_an_overflowed_step_and_scales_by_the_rule() -> N
     resumed.load(scaler.state())
     assert (resumed.skipped_steps, resumed.scale_value) == (1, 128.0)
     assert float(resumed.scale(torch.tensor(1.0))) == 128.0
+
+
+def test_the_tensorflow_engines_train_in_fp32_and_fp16_only() -> None:
+    for backend in ({"backend": "tf"}, {"backend": "horovod", "framework": "tensorflow"}):
+        assert TrainSpec.from_dict({**backend, "precision": "fp16"}).precision == "fp16"
+        with pytest.raises(SpecError) as caught:
+            TrainSpec.from_dict({**backend, "precision": "bf16"})
+        (issue,) = caught.value.issues
+        assert (issue.path, issue.allowed.split(" with ")[0]) == ("precision", "fp32 or fp16")
+        assert "ddp+torch" in (issue.hint or "")

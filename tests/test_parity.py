@@ -141,17 +141,20 @@ def test_fp16_compression_changes_the_math_within_its_bound(harness: Harness) ->
 
 @pytest.mark.multiproc
 def test_fp16_engines_skip_the_references_overflowed_steps(harness: Harness) -> None:
-    """FSDP (its overflow check all-reduced over the shards) and Horovod skip exactly the steps
-    the fp16 reference skips, some but not all of them; a reference whose rule spends no
-    hysteresis skips others, and the case fails."""
-    fsdp, horovod = (
+    """FSDP (its overflow check all-reduced over the shards), Horovod and MultiWorkerMirrored
+    (Keras' LossScaleOptimizer) skip exactly the steps their fp16 reference skips, some but not
+    all of them; a reference whose rule spends no hysteresis skips others, and the case fails."""
+    fsdp, horovod, keras = (
         only("fsdp/torchrun:mlp:sgd-accum2-clip-lrscale:fp16:overflows"),
         only("horovod/horovodrun-gloo:mlp:sgd-accum2-clip-lrscale:fp16:overflows"),
+        only("tf-multiworker/local:mlp:sgd-accum2-clip-lrscale:fp16:overflows"),
     )
     no_hysteresis = dataclasses.replace(fsdp, reference_spec={"loss_scaling": {"hysteresis": 1}})
-    sharded, ring, broken = harness.run([fsdp, horovod, no_hysteresis])
-    for outcome in (sharded, ring):
+    sharded, ring, multiworker, broken = harness.run([fsdp, horovod, keras, no_hysteresis])
+    for outcome in (sharded, ring, multiworker):
         assert outcome.status == "pass", outcome.error or outcome.to_json()
         assert 0 < len(outcome.skipped) < STEPS
+    # Keras' LossScaleOptimizer on the same rule skips what GradScaler does.
+    assert multiworker.skipped == sharded.skipped
     assert broken.status == "fail", broken.error or broken.to_json()
     assert broken.skipped != broken.reference_skipped

@@ -34,6 +34,7 @@ from tests.resuming import (
     uninterrupted,
     write_spec,
 )
+from toolkit.checkpoint import open_checkpoint
 from toolkit.parity.cases import TOLERANCE
 from toolkit.parity.harness import weight_deviation
 
@@ -105,3 +106,19 @@ def test_a_torch_engines_checkpoint_is_refused_by_a_tf_engine(tmp_path: Path) ->
     assert "the checkpoint's weights do not fit this Keras model" in result.output, result.explain()
     assert "unexpected ['0.bias', '0.weight', '2.bias', '2.weight']" in result.output
     assert not [r for r in result.reports if "resumed_from" in r], result.explain()
+
+
+def test_fp16_resumes_with_its_loss_scale_and_skipped_steps(tmp_path: Path) -> None:
+    """Keras' LossScaleOptimizer on the spec's rule: a run whose scale overflows before the
+    step-3 save resumes with the scale, the rule's counters and the skipped steps, to the
+    uninterrupted run's weights."""
+    base = SETUPS["multiworker2"]
+    fp16 = "precision: fp16\nloss_scaling: {initial_scale_power: 19, loss_scale_window: 2}"
+    scaled = {"fp16": Setup(base.backend, f"{base.engine_lines}\n{fp16}", base.launcher, 2, TF)}
+    reference = uninterrupted(tmp_path, scaled, "fp16", "sgd")
+    resumed, result = interrupted_then_resumed(tmp_path, scaled, "fp16", "fp16", "sgd")
+    assert_resumed(result, scaled["fp16"], ranks=2)
+    last = open_checkpoint(tmp_path / "checkpoints").state()
+    saved = last.extras["loss_scaler"]
+    assert 0 < saved["skipped_steps"] < last.step, saved
+    assert_identical(resumed, reference)

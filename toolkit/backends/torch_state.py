@@ -235,14 +235,6 @@ def advance_scheduler(scheduler: Any, steps: int) -> None:
         scheduler.step()
 
 
-def applied_steps(state: CheckpointState) -> int:
-    """The optimizer steps a checkpoint's run applied: its steps less those fp16 skipped for an
-    overflow, which advanced no schedule."""
-    saved = state.extras.get("loss_scaler")
-    skipped = saved.get("skipped_steps", 0) if isinstance(saved, dict) else 0
-    return state.step - int(skipped)
-
-
 def capture_replicated(
     module: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -276,7 +268,7 @@ def restore_replicated(
     """Every rank loads the whole state from the checkpoint (no broadcast needed)."""
     restore_module(module, state)
     restore_optimizer(optimizer, module, state)
-    advance_scheduler(scheduler, applied_steps(state))
+    advance_scheduler(scheduler, state.applied_steps)
     if scaler:
         scaler.load(state.extras)
     restore_rng(state, rank)

@@ -45,6 +45,14 @@ class CheckpointState:
     """JSON-able: schedule position, loss-scaler state, data position (epoch, samples seen),
     RNG states that are plain ints. Tuples come back as lists, numpy scalars as Python ones."""
 
+    @property
+    def applied_steps(self) -> int:
+        """The steps that moved the weights: `step` less those fp16 skipped for an overflow
+        (the loss scaler's `skipped_steps`), which advanced no optimizer count or schedule."""
+        saved = self.extras.get("loss_scaler")
+        skipped = saved.get("skipped_steps", 0) if isinstance(saved, dict) else 0
+        return self.step - int(skipped)
+
 
 def optimizer_key(slot: str, param: str) -> str:
     """The optimizer-section name of `slot` (e.g. "exp_avg") of parameter `param`."""

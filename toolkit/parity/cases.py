@@ -356,7 +356,15 @@ def all_cases() -> list[Case]:
         )
     ]
     cases += [
-        _fp16(engine) for engine in ("ddp/torchrun", "fsdp/torchrun", "horovod/horovodrun-gloo")
+        _fp16(engine)
+        for engine in (
+            "ddp/torchrun",
+            "fsdp/torchrun",
+            "horovod/horovodrun-gloo",
+            "horovod-tf/horovodrun-gloo",
+            "tf-multiworker/local",
+            "tf-mirrored/in-process",
+        )
     ]
     cases += [
         _case(engine, "sgd-logwarmup-linear")

@@ -55,5 +55,13 @@ def canonical(arch: str, values_in_order: Sequence[np.ndarray]) -> dict[str, np.
     return weights
 
 
+def use_fp16() -> None:
+    """Keras' mixed_float16 policy for the models built after this, as the TF engines set it."""
+    keras.mixed_precision.set_dtype_policy("mixed_float16")
+
+
 def loss_fn(logits: object, labels: object) -> object:
+    """Cross-entropy in float32, also of mixed_float16's fp16 logits (as torch's autocast
+    computes its cross-entropy)."""
+    logits = keras.ops.cast(logits, "float32")
     return keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)

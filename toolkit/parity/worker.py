@@ -164,34 +164,39 @@ def reference_torch_fp16(spec: TrainSpec, arch: str, steps: int, ranks: int) -> 
     return Run(losses, weights, skipped)
 
 
+def keras_optimizer(spec: TrainSpec, lr: float) -> Any:
+    """The spec's optimizer with torch's update rule, as the TF engines build it."""
+    from toolkit.backends.tf.optimizers import TorchAdam, TorchSGD
+
+    opt = spec.optimizer
+    if opt.name == "sgd":
+        return TorchSGD(
+            learning_rate=lr,
+            momentum=opt.momentum,
+            weight_decay=opt.weight_decay,
+            nesterov=opt.nesterov,
+        )
+    return TorchAdam(
+        learning_rate=lr,
+        beta_1=opt.betas[0],
+        beta_2=opt.betas[1],
+        epsilon=opt.eps,
+        weight_decay=opt.weight_decay,
+        decoupled=opt.name == "adamw",
+    )
+
+
 def reference_tensorflow(spec: TrainSpec, arch: str, steps: int) -> Run:
     import tensorflow as tf
 
-    from toolkit.backends.tf.optimizers import TorchAdam, TorchSGD
     from toolkit.parity import keras_models
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     data = digits()
     x, y = inputs_for(arch, data.x_train, "tensorflow"), data.y_train
     model = keras_models.build(arch, initial_weights(arch, spec.seed))
-    opt, lr = spec.optimizer, spec.effective_lr()
-    optimizer = (
-        TorchSGD(
-            learning_rate=lr,
-            momentum=opt.momentum,
-            weight_decay=opt.weight_decay,
-            nesterov=opt.nesterov,
-        )
-        if opt.name == "sgd"
-        else TorchAdam(
-            learning_rate=lr,
-            beta_1=opt.betas[0],
-            beta_2=opt.betas[1],
-            epsilon=opt.eps,
-            weight_decay=opt.weight_decay,
-            decoupled=opt.name == "adamw",
-        )
-    )
+    lr = spec.effective_lr()
+    optimizer = keras_optimizer(spec, lr)
     losses = []
     for step, indices in enumerate(global_batches(spec, steps, len(y))):
         optimizer.learning_rate.assign(lr * lr_ratio(spec.schedule, step))
@@ -204,6 +209,56 @@ def reference_tensorflow(spec: TrainSpec, arch: str, steps: int) -> Run:
         optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         losses.append(float(loss))
     return Run(losses, keras_models.canonical(arch, [np.asarray(w) for w in model.weights]))
+
+
+def reference_tensorflow_fp16(spec: TrainSpec, arch: str, steps: int, ranks: int) -> Run:
+    """reference_torch_fp16's loop in Keras: a mixed_float16 model, each rank's micro-batches
+    as the engine cuts them, the scaled shares' gradients summed and averaged over the ranks,
+    the spec's loss-scaling rule; no LossScaleOptimizer, whose use the engines are tested on."""
+    import tensorflow as tf
+
+    from toolkit.loss_scaling import LossScaleRule
+    from toolkit.parity import keras_models
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    keras_models.use_fp16()
+    data = digits()
+    x, y = inputs_for(arch, data.x_train, "tensorflow"), data.y_train
+    model = keras_models.build(arch, initial_weights(arch, spec.seed))
+    lr = spec.effective_lr(ranks)
+    optimizer = keras_optimizer(spec, lr)
+    batch = spec.batch_for(ranks)
+    layout = StepLayout(micro=batch.micro, accumulation=batch.accumulation, dp_size=batch.dp)
+    order = epoch_order(len(y), seed=spec.seed, epoch=0, shuffle=True)
+    rule = LossScaleRule.from_spec(spec.loss_scaling)
+    losses, skipped, applied = [], [], 0
+    for step in range(steps):
+        optimizer.learning_rate.assign(lr * lr_ratio(spec.schedule, applied))
+        total: list[Any] = []
+        step_losses = []
+        for rank in range(batch.dp):
+            for indices in micro_batch_indices(order, layout, step=step, dp_rank=rank):
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean(keras_models.loss_fn(model(x[indices]), y[indices]))
+                    share = loss / batch.accumulation if batch.accumulation > 1 else loss
+                    scaled = share * rule.scale
+                grads = tape.gradient(scaled, model.trainable_variables)
+                total = grads if not total else [a + g for a, g in zip(total, grads, strict=True)]
+                step_losses.append(float(loss))
+        grads = [g / batch.dp / rule.scale for g in total]
+        overflow = not all(bool(tf.reduce_all(tf.math.is_finite(g))) for g in grads)
+        if not overflow:
+            if spec.clip_grad_norm > 0:
+                norm = tf.linalg.global_norm(grads)
+                grads = [g * tf.minimum(1.0, spec.clip_grad_norm / (norm + 1e-6)) for g in grads]
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            applied += 1
+        else:
+            skipped.append(step)
+        rule.update(overflow)
+        losses.append(float(np.mean(step_losses)))
+    weights = keras_models.canonical(arch, [np.asarray(w) for w in model.weights])
+    return Run(losses, weights, skipped)
 
 
 def engine_run(spec: TrainSpec, arch: str, steps: int) -> tuple[Run, bool]:
@@ -247,6 +302,8 @@ def main() -> int:
         result, write = reference_torch_fp16(spec, args.arch, args.steps, args.ranks), True
     elif args.reference == "torch":
         result, write = reference_torch(spec, args.arch, args.steps), True
+    elif args.reference == "tensorflow" and spec.precision == "fp16":
+        result, write = reference_tensorflow_fp16(spec, args.arch, args.steps, args.ranks), True
     elif args.reference == "tensorflow":
         result, write = reference_tensorflow(spec, args.arch, args.steps), True
     else:

@@ -284,12 +284,20 @@ class TrainSpec(Section):
             _raise(rules.restart_issues(info.data["launch"], checkpoint))
         return checkpoint
 
+    @field_validator("precision")
+    @classmethod
+    def _precision_an_engine_runs(cls, precision: str, info: ValidationInfo) -> str:
+        if _have(info, "backend"):
+            _raise(
+                rules.precision_issues(precision, info.data["backend"], info.data.get("framework"))
+            )
+        return precision
+
     @field_validator("fsdp")
     @classmethod
     def _fsdp_layout(cls, fsdp: FsdpSpec, info: ValidationInfo) -> FsdpSpec:
-        if _have(info, "backend", "precision", "device"):
-            data = info.data
-            _raise(rules.fsdp_issues(fsdp, data["backend"], data["precision"], data["device"]))
+        if _have(info, "backend", "device"):
+            _raise(rules.fsdp_issues(fsdp, info.data["backend"], info.data["device"]))
         return fsdp
 
     @field_validator("horovod", mode="after")

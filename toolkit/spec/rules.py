@@ -367,16 +367,22 @@ def layout_issues(parallel: ParallelSpec, backend: str, zero: ZeroSpec) -> Itera
             )
 
 
-def fsdp_issues(fsdp: FsdpSpec, backend: str, precision: str, device: str) -> Iterator[SpecIssue]:
-    """An engine's precisions (the engine table's), and offload only from a GPU."""
-    entry = engine_of(backend, None)
+def precision_issues(precision: str, backend: str, framework: str | None) -> Iterator[SpecIssue]:
+    """The precisions an engine trains in (the engine table's)."""
+    entry = engine_of(backend, framework)
     if precision not in entry.precisions:
+        runs = [e.name for e in engines.ENGINES if precision in e.precisions]
         yield _issue(
             "precision",
             precision,
-            f"{' or '.join(entry.precisions)} with backend {backend}",
-            "use a precision the engine runs, or a torch engine (ddp, fsdp, deepspeed, horovod)",
+            f"{' or '.join(entry.precisions)} with {entry.name}",
+            f"use one of those, or an engine that trains in {precision} ({', '.join(runs)})",
         )
+
+
+def fsdp_issues(fsdp: FsdpSpec, backend: str, device: str) -> Iterator[SpecIssue]:
+    """FSDP offloads only from a GPU."""
+    entry = engine_of(backend, None)
     if entry.hybrid_shards and fsdp.offload == "cpu" and device == "cpu":
         yield _issue(
             "fsdp.offload",

@@ -258,9 +258,9 @@ class DeepSpeedBackend(common.TorchCollectives, TorchData, Backend):
             torch_state.restore_optimizer(
                 engine.optimizer, engine.module, saved, part=self.uses_pipeline
             )
-        torch_state.advance_scheduler(engine.lr_scheduler, torch_state.applied_steps(saved))
+        torch_state.advance_scheduler(engine.lr_scheduler, saved.applied_steps)
         state.restore_loss_scaler(engine.optimizer, saved.extras)
-        engine.skipped_steps = saved.step - torch_state.applied_steps(saved)
+        engine.skipped_steps = saved.step - saved.applied_steps
         torch_state.restore_rng(saved, self.env.rank)
         # The engine's own counters, as k uninterrupted steps leave them.
         engine.global_steps = saved.step

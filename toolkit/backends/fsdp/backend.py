@@ -218,7 +218,7 @@ class FSDPBackend(common.TorchCollectives, TorchData, Backend):
             "param_groups": current["param_groups"],
         }
         set_optimizer_state_dict(self.model, self.optimizer, restored, options=FULL)
-        torch_state.advance_scheduler(self.scheduler, torch_state.applied_steps(state))
+        torch_state.advance_scheduler(self.scheduler, state.applied_steps)
         if self.scaler:
             self.scaler.load(state.extras)
         torch_state.restore_rng(state, self.env.rank)

@@ -31,6 +31,7 @@ from toolkit.backends.base import Backend, Loader, LossFn, MetricFn, MicroBatch,
 from toolkit.backends.horovod.settings import check_world_size, export_environment
 from toolkit.backends.tf import batches, common, state
 from toolkit.backends.tf.data import make_tf_loader
+from toolkit.backends.tf.loss_scale import KerasLossScale, applied_steps, use_precision
 from toolkit.checkpoint import CheckpointState
 from toolkit.render import horovod as render_horovod
 from toolkit.sharding import LoaderPlan
@@ -44,9 +45,11 @@ COMPRESSION = {"Compression.none": hvd.Compression.none, "Compression.fp16": hvd
 class HorovodTFBackend(Backend):
     model: Any
     optimizer: Any
+    scaler: KerasLossScale | None = None
+    """fp16's loss scaling (toolkit.backends.tf.loss_scale)."""
 
     def setup(self) -> None:
-        common.check_precision(self.spec)
+        self.scaler = use_precision(self.spec)
         common.configure_threads(self.spec, self.env)
         export_environment(self.spec, self.env)
         hvd.init()
@@ -61,6 +64,8 @@ class HorovodTFBackend(Backend):
         self.model = common.require_keras_model(model)
         lr = self.spec.effective_lr(self.env.world_size)
         self.optimizer = optimizer or common.build_optimizer(self.spec, lr)
+        if self.scaler:
+            self.optimizer = self.scaler.wrap(self.optimizer)
         self.optimizer.build(self.model.trainable_variables)
         hvd.broadcast_variables([v.value for v in self.model.variables], root_rank=0)
         return self.model
@@ -71,15 +76,20 @@ class HorovodTFBackend(Backend):
         op, compression = OPS[options["op"]], COMPRESSION[options["compression"]]
         clip = self.spec.clip_grad_norm
         global_loss = self.spec.step_loss == "global"  # reduced inside the compiled step
+        scaled = self.scaler is not None
 
         @tf.function
         def step(batch: Any) -> Any:
             keras_variables = model.trainable_variables
             sources = [v.value for v in keras_variables]
-            grads, loss = common.accumulated_gradients(model, loss_fn, batch, sources)
+            grads, loss = common.accumulated_gradients(
+                model, loss_fn, batch, sources, optimizer.scale_loss if scaled else None
+            )
             grads = [hvd.allreduce(g, op=op, compression=compression) for g in grads]
             if clip > 0:
-                grads = common.clip_like_torch(grads, clip)
+                grads = common.clip_like_torch(
+                    grads, clip, optimizer.dynamic_scale if scaled else None
+                )
             optimizer.apply_gradients(zip(grads, keras_variables, strict=True))
             return hvd.allreduce(loss, op=hvd.Average) if global_loss else loss
 
@@ -92,7 +102,11 @@ class HorovodTFBackend(Backend):
         if loss_fn not in compiled:
             compiled[loss_fn] = self._build_step(loss_fn)
         stacked = batches.stack_micro_batches(micro_batches)
-        return float(compiled[loss_fn](batches.constants(stacked)))
+        applied = applied_steps(self.optimizer) if self.scaler else 0
+        loss = float(compiled[loss_fn](batches.constants(stacked)))
+        if self.scaler:
+            self.scaler.after_step(self.optimizer, applied)
+        return loss
 
     @cached_property
     def _evaluator(self) -> batches.Evaluator:
@@ -111,12 +125,17 @@ class HorovodTFBackend(Backend):
 
     def capture_state(self) -> StateShare:
         """Weights, optimizer slots and step from rank 0 (every rank holds the same), seed
-        generators from every rank (toolkit.backends.tf.state)."""
-        return state.capture(self.model, self.optimizer, rank=self.env.rank)
+        generators from every rank (toolkit.backends.tf.state), fp16's loss scale."""
+        share = state.capture(self.model, self.optimizer, rank=self.env.rank)
+        if self.scaler and self.env.rank == 0:
+            share.extras = self.scaler.state()
+        return share
 
     def restore_state(self, checkpoint: CheckpointState) -> None:
         """Every rank reads the whole checkpoint, so no broadcast is needed after it."""
         state.restore(self.model, self.optimizer, checkpoint, rank=self.env.rank)
+        if self.scaler:
+            self.scaler.load(checkpoint.extras, self.optimizer)
 
     def allreduce(self, value: Any, op: str = "mean") -> Any:
         return hvd.allreduce(tf.constant(value), op=hvd.Average if op == "mean" else hvd.Sum)

@@ -10,7 +10,9 @@ Accumulation: TensorFlow has none of its own, so one compiled step runs every mi
 the step on each replica, sums the gradients locally and reduces once. Keras' optimizer then sums
 over replicas (see toolkit.backends.tf.common), so each replica hands it its share, mean / n.
 With clipping on, the toolkit all-reduces first, clips the mean gradient torch's way, and hands
-Keras clipped / n: dividing by a power of two and summing n equal copies is exact.
+Keras clipped / n: dividing by a power of two and summing n equal copies is exact. fp16
+all-reduces first too, so that every replica's LossScaleOptimizer sees the same gradients
+(toolkit.backends.tf.loss_scale).
 
 Micro-batches of any structure are stacked leaf by leaf ([micro-batches, samples, ...]) and,
 under MirroredStrategy, each leaf is split along the samples axis between the replicas.
@@ -44,6 +46,7 @@ from toolkit.backends.base import Backend, Loader, LossFn, MetricFn, MicroBatch,
 from toolkit.backends.tf import batches, common, state
 from toolkit.backends.tf.data import make_tf_loader
 from toolkit.backends.tf.deadline import CallDeadline
+from toolkit.backends.tf.loss_scale import KerasLossScale, applied_steps, use_precision
 from toolkit.checkpoint import CheckpointState
 from toolkit.engines import MPI_ENVIRONMENTS
 from toolkit.errors import ToolkitError
@@ -59,13 +62,15 @@ class TFBackend(Backend):
     optimizer: Any
     deadline: CallDeadline | None = None
     """Across processes, the collective timeout's watchdog."""
+    scaler: KerasLossScale | None = None
+    """fp16's loss scaling (toolkit.backends.tf.loss_scale)."""
 
     @property
     def replicas_per_process(self) -> int:
         return self.spec.replicas_per_process(self.env.world_size)
 
     def setup(self) -> None:
-        common.check_precision(self.spec)
+        self.scaler = use_precision(self.spec)
         common.configure_threads(self.spec, self.env)
         self.device = common.place_on_devices(self.spec, self.env, self.replicas_per_process)
         if self.env.world_size > 1:
@@ -154,6 +159,8 @@ class TFBackend(Backend):
         with self.strategy.scope():
             lr = self.spec.effective_lr(self.env.world_size)
             self.optimizer = optimizer or common.build_optimizer(self.spec, lr)
+            if self.scaler:
+                self.optimizer = self.scaler.wrap(self.optimizer)
             self.optimizer.build(self.model.trainable_variables)
         return self.model
 
@@ -169,17 +176,24 @@ class TFBackend(Backend):
         strategy, model, optimizer = self.strategy, self.model, self.optimizer
         clip = self.spec.clip_grad_norm
         global_loss = self.spec.step_loss == "global"  # reduced inside the compiled step
+        scaled = self.scaler is not None
+        # fp16: every replica must see the same gradients to agree on a skip (loss_scale docs).
+        reduce_first = clip > 0 or scaled
 
         def replica_step(batch: Any) -> Any:
             variables = model.trainable_variables
             replicas = tf.distribute.get_replica_context().num_replicas_in_sync
-            grads, loss = common.accumulated_gradients(model, loss_fn, batch, variables)
-            if clip > 0:
+            grads, loss = common.accumulated_gradients(
+                model, loss_fn, batch, variables, optimizer.scale_loss if scaled else None
+            )
+            if reduce_first:
                 context = tf.distribute.get_replica_context()
                 grads = [
                     g / replicas for g in context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
                 ]
-                grads = common.clip_like_torch(grads, clip)
+            if clip > 0:
+                scale = optimizer.dynamic_scale if scaled else None
+                grads = common.clip_like_torch(grads, clip, scale)
             optimizer.apply_gradients(zip([g / replicas for g in grads], variables, strict=True))
             return loss
 
@@ -217,8 +231,12 @@ class TFBackend(Backend):
 
     def train_step(self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn | None) -> float:
         stacked = batches.stack_micro_batches(micro_batches)
+        applied = applied_steps(self.optimizer) if self.scaler else 0
         with self._bounded("a training step"):
-            return float(self._compiled_step(loss_fn)(self._distribute(stacked)))
+            loss = float(self._compiled_step(loss_fn)(self._distribute(stacked)))
+        if self.scaler:
+            self.scaler.after_step(self.optimizer, applied)
+        return loss
 
     @cached_property
     def _evaluator(self) -> batches.Evaluator:
@@ -237,12 +255,17 @@ class TFBackend(Backend):
 
     def capture_state(self) -> StateShare:
         """Weights, optimizer slots and step from rank 0 (replicas are identical), seed
-        generators from every rank (toolkit.backends.tf.state)."""
-        return state.capture(self.model, self.optimizer, rank=self.env.rank)
+        generators from every rank (toolkit.backends.tf.state), fp16's loss scale."""
+        share = state.capture(self.model, self.optimizer, rank=self.env.rank)
+        if self.scaler and self.env.rank == 0:
+            share.extras = self.scaler.state()
+        return share
 
     def restore_state(self, checkpoint: CheckpointState) -> None:
         with self.strategy.scope():
             state.restore(self.model, self.optimizer, checkpoint, rank=self.env.rank)
+            if self.scaler:
+                self.scaler.load(checkpoint.extras, self.optimizer)
 
     def allreduce(self, value: Any, op: str = "mean") -> Any:
         """Over processes (workers); MirroredStrategy's replicas inside one process are one."""

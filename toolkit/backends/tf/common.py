@@ -16,7 +16,7 @@ Keras 3 behaviours (the `tf.keras` of TF 2.21) that shape the backends (docs/eng
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -119,9 +119,12 @@ def build_optimizer(spec: TrainSpec, lr: float) -> keras.optimizers.Optimizer:
     )
 
 
-def clip_like_torch(grads: list[Any], max_norm: float) -> list[Any]:
-    """torch's clip_grad_norm_: scale by min(1, max_norm / (global_norm + 1e-6))."""
+def clip_like_torch(grads: list[Any], max_norm: float, loss_scale: Any = None) -> list[Any]:
+    """torch's clip_grad_norm_: scale by min(1, max_norm / (global_norm + 1e-6)). Gradients
+    still multiplied by fp16's `loss_scale` are clipped by their norm divided by it."""
     norm = tf.linalg.global_norm(grads)
+    if loss_scale is not None:
+        norm = norm / tf.cast(loss_scale, norm.dtype)
     coefficient = tf.minimum(1.0, max_norm / (norm + TORCH_CLIP_EPS))
     return [g * tf.cast(coefficient, g.dtype) for g in grads]
 
@@ -161,15 +164,22 @@ def split_pair(batch: Any, what: str) -> tuple[Any, Any]:
 
 
 def accumulated_gradients(
-    model: keras.Model, loss_fn: LossFn | None, batch: Any, sources: list[Any]
+    model: keras.Model,
+    loss_fn: LossFn | None,
+    batch: Any,
+    sources: list[Any],
+    scale_loss: Callable[[Any], Any] | None = None,
 ) -> tuple[list[Any], Any]:
     """Inside a compiled step: the mean gradient w.r.t. `sources` and the mean loss over the
     step's micro-batches (the leading axis of every leaf of `batch`, see
     `toolkit.backends.tf.batches.stack_micro_batches`), one backward each, unrolled.
-
     The first micro-batch's gradient starts the sum rather than zeros: 0 + g is g exactly, so
     the result is the same bit for bit, without filling and adding a zero buffer the size of the
     model every step; a step of one micro-batch is not divided by 1 either.
+
+    With `scale_loss` (fp16's LossScaleOptimizer.scale_loss) each backward is of the scaled
+    share of the step, loss / count times the scale, as under the torch engines, so that the
+    same micro-batches overflow; the gradients returned are then scaled, the loss is not.
     """
     grads: list[Any] = []
     losses = []
@@ -178,14 +188,16 @@ def accumulated_gradients(
         piece = tf.nest.map_structure(lambda leaf, micro=micro: leaf[micro], batch)
         with tf.GradientTape() as tape:
             loss = mean_loss(micro_batch_loss(model, piece, loss_fn))
+            target = loss if scale_loss is None else scale_loss(loss / count if count > 1 else loss)
         # Dense, as adding them made them before: an Embedding's IndexedSlices would otherwise
         # reach Horovod's allreduce, which gathers sparse gradients instead of reducing them.
-        found = [tf.convert_to_tensor(g) for g in tape.gradient(loss, sources)]
+        found = [tf.convert_to_tensor(g) for g in tape.gradient(target, sources)]
         grads = found if not grads else [a + g for a, g in zip(grads, found, strict=True)]
         losses.append(loss)
     if count == 1:
         return grads, losses[0]
-    return [g / float(count) for g in grads], tf.add_n(losses) / float(count)
+    mean = tf.add_n(losses) / float(count)
+    return (grads if scale_loss else [g / float(count) for g in grads]), mean
 
 
 def require_keras_model(model: Any) -> keras.Model:
@@ -200,15 +212,6 @@ def require_keras_model(model: Any) -> keras.Model:
             "start it with keras.Input(shape=...) or call model.build(input_shape) first",
         )
     return model
-
-
-def check_precision(spec: TrainSpec) -> None:
-    if spec.precision != "fp32":
-        raise ToolkitError(
-            f"precision={spec.precision!r} is not supported by the TensorFlow engines here: "
-            "Keras mixed precision on CPU changes the optimizer path and is not parity-checked.",
-            "use precision: fp32 with TensorFlow, or a torch backend for bf16/fp16",
-        )
 
 
 def numpy_state(model: keras.Model) -> dict[str, np.ndarray]:

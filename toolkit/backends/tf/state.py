@@ -9,9 +9,9 @@ Imported only by the TF backends (tf.distribute and Horovod for TF). The layout
   "momentum" is "momentum_buffer", TorchAdam's "exp_avg" and "exp_avg_sq" are already named
   so, each with its parameter's shape. SGD without momentum keeps no state, as in torch.
 - scalars: {"step": optimizer.iterations}. Keras keeps one counter for Adam's bias correction
-  and for the schedule (`common.SpecSchedule` reads it), so restoring the checkpoint's step
-  into it restores both: the rate and the update of the next step are the uninterrupted
-  run's.
+  and for the schedule (`common.SpecSchedule` reads it), so restoring the checkpoint's applied
+  steps (its step less those fp16 skipped) into it restores both: the rate and the update of
+  the next step are the uninterrupted run's.
 - arrays: the states of the model's Keras seed generators (Dropout's and the like), per rank,
   as "rng/keras/<variable path>/rank<r>". TensorFlow's op-level random ops (a seedless
   tf.random.uniform, tf.data's shuffle) keep counters that cannot be read or set; the runtime
@@ -41,7 +41,9 @@ RESUME_HINT = "resume with the model the checkpoint was saved from, or set check
 
 
 def slot_lists(optimizer: keras.optimizers.Optimizer) -> dict[str, list[Any]]:
-    """torch's slot name -> the optimizer's slot variables, in Keras' variable-index order."""
+    """torch's slot name -> the optimizer's slot variables, in Keras' variable-index order
+    (fp16's LossScaleOptimizer: its inner optimizer's)."""
+    optimizer = inner(optimizer)
     if isinstance(optimizer, TorchSGD):
         return {"momentum_buffer": optimizer.momenta} if optimizer.momentum else {}
     if isinstance(optimizer, TorchAdam):
@@ -54,13 +56,18 @@ def slot_lists(optimizer: keras.optimizers.Optimizer) -> dict[str, list[Any]]:
     )
 
 
+def inner(optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
+    """The optimizer that steps: a LossScaleOptimizer's inner one, else itself."""
+    return getattr(optimizer, "inner_optimizer", optimizer)
+
+
 def slot_variables(model: keras.Model, optimizer: keras.optimizers.Optimizer) -> dict[str, Any]:
     """optimizer_key(torch slot, weight path) -> the Keras slot variable."""
     found: dict[str, Any] = {}
     for slot, variables in slot_lists(optimizer).items():
         for weight in model.trainable_variables:
             found[optimizer_key(slot, weight.path)] = variables[
-                optimizer._get_variable_index(weight)
+                inner(optimizer)._get_variable_index(weight)
             ]
     return found
 
@@ -87,7 +94,7 @@ def capture(model: keras.Model, optimizer: keras.optimizers.Optimizer, *, rank: 
         return share
     share.model = numpy_state(model)
     share.scalars = {STEP: int(np.asarray(optimizer.iterations))}
-    if isinstance(optimizer, TorchSGD | TorchAdam):
+    if isinstance(inner(optimizer), TorchSGD | TorchAdam):
         share.optimizer = {
             key: np.asarray(variable, dtype=np.float32).copy()
             for key, variable in slot_variables(model, optimizer).items()
@@ -153,7 +160,7 @@ def restore(
     for key, variable in slots.items():
         value = state.optimizer.get(key)
         variable.assign(np.zeros(variable.shape, np.float32) if value is None else value)
-    optimizer.iterations.assign(state.step)
+    optimizer.iterations.assign(state.applied_steps)
     for variable in rng_variables(model):
         saved = state.arrays.get(rng_key(variable.path, rank))
         if saved is not None:  # a rank the saving run did not have keeps its seeded state
