@@ -158,3 +158,18 @@ def test_fp16_engines_skip_the_references_overflowed_steps(harness: Harness) -> 
     assert multiworker.skipped == sharded.skipped
     assert broken.status == "fail", broken.error or broken.to_json()
     assert broken.skipped != broken.reference_skipped
+
+
+@pytest.mark.multiproc
+def test_local_sgd_steps_alone_and_averages_on_its_period(harness: Harness) -> None:
+    """DDP's post-local SGD matches the reference that trains a model per rank and averages
+    them every 4 steps; it is not synchronous DDP (it fails against the synchronous
+    reference), and a reference averaging every 5 steps fails too."""
+    case = only("ddp/torchrun:mlp:sgd-accum2-clip-lrscale:local-sgd")
+    synchronous = dataclasses.replace(case, reference_spec={"ddp": {"sync": {"every_steps": 1}}})
+    other_period = dataclasses.replace(case, reference_spec={"ddp": {"sync": {"every_steps": 5}}})
+    good, sync, period = harness.run([case, synchronous, other_period])
+    assert good.status == "pass", good.error or good.to_json()
+    for broken in (sync, period):
+        assert broken.status == "fail", broken.error or broken.to_json()
+        assert broken.weight_deviation > 10 * case.tolerance

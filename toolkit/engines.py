@@ -155,6 +155,8 @@ class Engine:
     """Gradient compression it runs on the wire (spec `compression`): DDP's communication
     hooks, Horovod's Compression.fp16; "none" only where the engine has none the toolkit
     runs."""
+    local_sgd: bool = False
+    """Runs local SGD (spec `ddp.sync.every_steps` above 1): DDP's post-local SGD."""
     rank_ports: tuple[str, ...] = ()
     """Spec fields ("section.key") holding the first of a range of ports, one per rank of the
     job (port, port + 1, ...): each range must end at or below 65535."""
@@ -195,6 +197,7 @@ ENGINES: tuple[Engine, ...] = (
         backend="ddp",
         framework="torch",
         compressions=("none", "fp16", "bf16", "powersgd"),
+        local_sgd=True,
         backend_class="toolkit.backends.ddp.backend:DDPBackend",
         package="torch",
         probe="toolkit.backends.ddp.probe",

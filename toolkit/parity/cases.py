@@ -326,6 +326,18 @@ def _fp16(engine_key: str) -> Case:
     return replace(case, name=f"{case.name}:overflows", spec=merge(case.spec, FP16_OVERFLOWS))
 
 
+LOCAL_SGD: dict[str, Any] = {"ddp": {"sync": {"every_steps": 4, "after": 3}}}
+"""Local SGD after 3 synchronous steps, the ranks' parameters averaged every 4 steps from step
+3 on (steps 3, 7, 11, 15, 19): the run ends right after an average."""
+
+
+def _local_sgd(recipe: str) -> Case:
+    """DDP's post-local SGD, held to a reference that trains one model per rank and averages
+    them as local SGD is defined (toolkit.parity.worker)."""
+    case = _case("ddp/torchrun", recipe)
+    return replace(case, name=f"{case.name}:local-sgd", spec=merge(case.spec, LOCAL_SGD))
+
+
 def _recomputed(engine_key: str) -> Case:
     """The engine with every Linear layer's activations recomputed in the backward pass
     (activation_checkpointing.modules): held to the reference that keeps them."""
@@ -385,6 +397,7 @@ def all_cases() -> list[Case]:
             "zero3/deepspeed",
         )
     ]
+    cases += [_local_sgd("sgd-accum2-clip-lrscale"), _local_sgd("adamw")]
     cases += [
         _compressed("ddp/torchrun", "fp16"),
         _compressed("ddp/torchrun", "powersgd"),

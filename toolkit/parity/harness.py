@@ -46,14 +46,16 @@ def reference_key(framework: str, arch: str, steps: int, spec: TrainSpec) -> str
             "lr": spec.effective_lr(),
             "clip": spec.clip_grad_norm,
             "precision": spec.precision,
-            # fp16's reference is cut as the engine's ranks cut each step (worker docs).
+            # fp16's and local SGD's references are cut as the engine's ranks cut each step
+            # (worker docs).
             **(
                 {
                     "loss_scaling": settings["loss_scaling"],
+                    "sync": settings["ddp"]["sync"],
                     "batch": settings["batch"],
                     "ranks": spec.world_size,
                 }
-                if spec.precision == "fp16"
+                if spec.precision == "fp16" or spec.ddp.sync.local
                 else {}
             ),
         },

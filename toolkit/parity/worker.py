@@ -186,6 +186,59 @@ def keras_optimizer(spec: TrainSpec, lr: float) -> Any:
     )
 
 
+def reference_torch_local_sgd(spec: TrainSpec, arch: str, steps: int, ranks: int) -> Run:
+    """Local SGD as its definition reads, one model and optimizer per rank in one process:
+    for `ddp.sync.after` steps every rank steps on the ranks' mean gradient, then each on its
+    own micro-batches' alone, and every `ddp.sync.every_steps` steps from `after` on (counting
+    steps from 0) each parameter is replaced by the ranks' mean. Rank 0's weights are the
+    result, as rank 0 writes the engine's."""
+    import torch
+
+    from toolkit.parity import torch_models
+
+    torch.set_num_threads(1)
+    data = digits()
+    x = torch.from_numpy(inputs_for(arch, data.x_train, "torch"))
+    y = torch.from_numpy(data.y_train)
+    models = [torch_models.build(arch, initial_weights(arch, spec.seed)) for _ in range(ranks)]
+    optimizers = [torch_optimizer(spec, model) for model in models]
+    lr = spec.effective_lr(ranks)
+    batch = spec.batch_for(ranks)
+    layout = StepLayout(micro=batch.micro, accumulation=batch.accumulation, dp_size=batch.dp)
+    order = epoch_order(len(y), seed=spec.seed, epoch=0, shuffle=True)
+    sync = spec.ddp.sync
+    losses = []
+    for step in range(steps):
+        step_losses = []
+        for rank, (model, optimizer) in enumerate(zip(models, optimizers, strict=True)):
+            for group in optimizer.param_groups:
+                group["lr"] = lr * lr_ratio(spec.schedule, step)
+            optimizer.zero_grad()
+            for indices in micro_batch_indices(order, layout, step=step, dp_rank=rank):
+                loss = torch_models.loss_fn(model(x[indices]), y[indices])
+                share = loss / batch.accumulation if batch.accumulation > 1 else loss
+                share.backward()
+                step_losses.append(float(loss.detach()))
+        if step < sync.after:  # synchronous: every rank steps on the mean gradient
+            for params in zip(*(model.parameters() for model in models), strict=True):
+                mean = sum(p.grad / ranks for p in params)
+                for p in params:
+                    p.grad = mean.clone()
+        for model, optimizer in zip(models, optimizers, strict=True):
+            if spec.clip_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), spec.clip_grad_norm)
+            optimizer.step()
+        if step >= sync.after and (step - sync.after) % sync.every_steps == 0:
+            with torch.no_grad():
+                for params in zip(*(model.parameters() for model in models), strict=True):
+                    mean = sum(p / ranks for p in params)
+                    for p in params:
+                        p.copy_(mean)
+        losses.append(float(np.mean(step_losses)))
+    weights = {name: t.detach().numpy().copy() for name, t in models[0].state_dict().items()}
+    return Run(losses, weights)
+
+
 def reference_tensorflow(spec: TrainSpec, arch: str, steps: int) -> Run:
     import tensorflow as tf
 
@@ -298,7 +351,9 @@ def engine_run(spec: TrainSpec, arch: str, steps: int) -> tuple[Run, bool]:
 def main() -> int:
     args = parse_args(split_local_rank_arg(sys.argv[1:])[0])  # the deepspeed launcher's
     spec = TrainSpec.from_dict(json.loads(Path(args.spec).read_text()))
-    if args.reference == "torch" and spec.precision == "fp16":
+    if args.reference == "torch" and spec.ddp.sync.local:
+        result, write = reference_torch_local_sgd(spec, args.arch, args.steps, args.ranks), True
+    elif args.reference == "torch" and spec.precision == "fp16":
         result, write = reference_torch_fp16(spec, args.arch, args.steps, args.ranks), True
     elif args.reference == "torch":
         result, write = reference_torch(spec, args.arch, args.steps), True

@@ -282,6 +282,8 @@ class TrainSpec(Section):
     def _restarts_resume(cls, checkpoint: CheckpointSpec, info: ValidationInfo) -> Any:
         if _have(info, "launch"):
             _raise(rules.restart_issues(info.data["launch"], checkpoint))
+        if _have(info, "ddp"):
+            _raise(rules.local_sgd_checkpoint_issues(info.data["ddp"], checkpoint))
         return checkpoint
 
     @field_validator("precision")
@@ -292,6 +294,16 @@ class TrainSpec(Section):
                 rules.precision_issues(precision, info.data["backend"], info.data.get("framework"))
             )
         return precision
+
+    @field_validator("ddp")
+    @classmethod
+    def _local_sgd_on_ddp(cls, ddp: DdpSpec, info: ValidationInfo) -> DdpSpec:
+        if _have(info, "backend", "compression", "precision"):
+            data = info.data
+            _raise(
+                rules.local_sgd_issues(ddp, data["backend"], data["compression"], data["precision"])
+            )
+        return ddp
 
     @field_validator("fsdp")
     @classmethod

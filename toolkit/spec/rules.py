@@ -23,6 +23,7 @@ from toolkit.spec.sections import (
     ActivationCheckpointingSpec,
     BatchSpec,
     CheckpointSpec,
+    DdpSpec,
     FsdpSpec,
     HorovodSpec,
     LaunchSpec,
@@ -377,6 +378,58 @@ def precision_issues(precision: str, backend: str, framework: str | None) -> Ite
             precision,
             f"{' or '.join(entry.precisions)} with {entry.name}",
             f"use one of those, or an engine that trains in {precision} ({', '.join(runs)})",
+        )
+
+
+def local_sgd_issues(
+    ddp: DdpSpec, backend: str, compression: str, precision: str
+) -> Iterator[SpecIssue]:
+    """Local SGD is DDP's (its post-local-SGD hook and averager), one communication hook per
+    model, and ranks that must call the averager at the same steps."""
+    if not ddp.sync.local:
+        return
+    value = ddp.sync.every_steps
+    if not engine_of(backend, None).local_sgd:
+        runs = dict.fromkeys(e.backend for e in engines.ENGINES if e.local_sgd)
+        yield _issue(
+            "ddp.sync.every_steps",
+            value,
+            f"1 with backend {backend}: local SGD is DDP's post-local SGD",
+            f"set backend: {' or '.join(runs)}, or remove ddp.sync",
+        )
+    if compression != "none":
+        yield _issue(
+            "ddp.sync.every_steps",
+            value,
+            f"1 with compression {compression}: DDP runs one communication hook, and local "
+            "SGD's replaces the compression's",
+            "remove compression, or ddp.sync",
+        )
+    if precision == "fp16":
+        yield _issue(
+            "ddp.sync.every_steps",
+            value,
+            "1 with precision fp16: each rank would skip its own overflowed steps, and the "
+            "ranks' parameter averages would no longer meet",
+            "use precision: bf16 or fp32 with local SGD",
+        )
+
+
+LOCAL_SGD_STATE = (
+    "local SGD's ranks keep their own optimizer state between averages, and a checkpoint "
+    "keeps one replica's"
+)
+
+
+def local_sgd_checkpoint_issues(ddp: DdpSpec, checkpoint: CheckpointSpec) -> Iterator[SpecIssue]:
+    """No checkpoints under local SGD: restoring one replica's state on every rank would not
+    continue the run."""
+    if ddp.sync.local and checkpoint.dir is not None:
+        yield _issue(
+            "checkpoint.dir",
+            checkpoint.dir,
+            f"unset with ddp.sync.every_steps {ddp.sync.every_steps}: {LOCAL_SGD_STATE}",
+            "remove checkpoint.dir, or ddp.sync",
         )
 
 

@@ -403,11 +403,37 @@ class ParallelSpec(Section):
         return shard
 
 
+class DdpSyncSpec(Section):
+    """How often DDP's ranks agree: every step (all-reduced gradients, the default), or local
+    SGD (torch's post-local SGD): synchronous for `after` steps, then each rank steps alone on
+    its own micro-batches and the ranks' parameters are averaged every `every_steps` steps.
+    Local SGD changes the math: between averages each rank's step sees only its share of the
+    global batch, and each rank keeps its own optimizer state."""
+
+    every_steps: int = Field(
+        default=1,
+        ge=1,
+        le=1_000_000,
+        description="1: every step's gradients are all-reduced. k > 1: local SGD, the "
+        "parameters averaged every k steps (PeriodicModelAverager's period).",
+    )
+    after: int = Field(
+        default=0,
+        ge=0,
+        description="Local SGD: the synchronous steps before it starts (PostLocalSGDState's "
+        "start_localSGD_iter, the averager's warmup_steps).",
+    )
+
+    @property
+    def local(self) -> bool:
+        return self.every_steps > 1
+
+
 class DdpSpec(Section):
-    """torch DistributedDataParallel's gradient buckets and how they are summed. None of these
-    settings changes the math: the same gradients are divided by the same world size and
+    """torch DistributedDataParallel's gradient buckets and how they are summed. The bucket
+    settings change no math: the same gradients are divided by the same world size and
     summed, bucket by bucket; with more than 2 ranks the transports add in different orders,
-    which changes the rounding only."""
+    which changes the rounding only. PowerSGD and local SGD (`sync`) do change it."""
 
     bucket_cap_mb: float = Field(
         default=25.0,
@@ -434,6 +460,10 @@ class DdpSpec(Section):
         ge=2,
         description="compression: powersgd: the optimizer step from which PowerSGD compresses "
         "(plain all-reduce before it; start_powerSGD_iter).",
+    )
+    sync: DdpSyncSpec = Field(
+        default_factory=DdpSyncSpec,
+        description="Every step, or local SGD: {every_steps: k, after: warmup steps}.",
     )
 
 

@@ -8,6 +8,10 @@ Accumulation uses DDP's own `no_sync()`: gradients of all but the last micro-bat
 and the last backward all-reduces the sum. Each micro-batch's loss is divided by the number of
 micro-batches, and DDP averages over ranks, so the step's gradient is the global-batch mean.
 
+Local SGD (`ddp.sync.every_steps` > 1) is torch's post-local SGD: its communication hook stops
+all-reducing gradients after `ddp.sync.after` steps, and PostLocalSGDOptimizer's averager
+averages the ranks' parameters every `every_steps` steps from there on.
+
 Evaluation runs the unwrapped module: DDP's own forward would broadcast buffers, a collective
 that evaluation does not need.
 """
@@ -20,7 +24,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.distributed.algorithms.ddp_comm_hooks import (
+    default_hooks,
+    post_localSGD_hook,
+    powerSGD_hook,
+)
+from torch.distributed.algorithms.model_averaging import averagers
+from torch.distributed.optim import PostLocalSGDOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
 from toolkit.backends import torch_batches as batches
@@ -32,6 +42,7 @@ from toolkit.backends.torch_loss_scale import loss_scaler
 from toolkit.backends.torch_recompute import recompute
 from toolkit.checkpoint import CheckpointState
 from toolkit.errors import ToolkitError
+from toolkit.spec import rules
 
 
 class DDPBackend(common.TorchCollectives, TorchData, Backend):
@@ -56,7 +67,26 @@ class DDPBackend(common.TorchCollectives, TorchData, Backend):
         lr = self.spec.effective_lr(self.env.world_size)
         self.optimizer = optimizer or common.build_optimizer(self.model.parameters(), self.spec, lr)
         self.scheduler = common.lr_scheduler(self.optimizer, self.spec)
+        self.stepper: torch.optim.Optimizer = self.optimizer
+        if self.spec.ddp.sync.local:
+            self.stepper = self._local_sgd(self.optimizer)
         return self.model
+
+    def _local_sgd(self, optimizer: torch.optim.Optimizer) -> PostLocalSGDOptimizer:
+        """torch's post-local SGD: the hook all-reduces gradients for `ddp.sync.after` steps
+        and then not at all (post_local_gradient_allreduce off: each rank steps alone), and
+        the optimizer averages the ranks' parameters every `ddp.sync.every_steps` steps from
+        there on. The schedule and checkpoints see the inner optimizer."""
+        sync = self.spec.ddp.sync
+        state = post_localSGD_hook.PostLocalSGDState(
+            process_group=None,
+            subgroup=None,
+            start_localSGD_iter=sync.after,
+            post_local_gradient_allreduce=False,
+        )
+        self.model.register_comm_hook(state, post_localSGD_hook.post_localSGD_hook)
+        averager = averagers.PeriodicModelAverager(period=sync.every_steps, warmup_steps=sync.after)
+        return PostLocalSGDOptimizer(optim=optimizer, averager=averager)
 
     def _compress(self, compression: str) -> None:
         """DDP's own communication hooks for `compression`: its fp16/bf16 casts (the bucket
@@ -82,7 +112,7 @@ class DDPBackend(common.TorchCollectives, TorchData, Backend):
             self.model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
 
     def train_step(self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn | None) -> float:
-        self.optimizer.zero_grad(set_to_none=True)
+        self.stepper.zero_grad(set_to_none=True)
         count = len(micro_batches)
         losses = []
         for index, batch in enumerate(micro_batches):
@@ -104,7 +134,7 @@ class DDPBackend(common.TorchCollectives, TorchData, Backend):
         if self.scaler:
             taken = self.scaler.step(self.optimizer)
         else:
-            self.optimizer.step()
+            self.stepper.step()
             taken = True
         if taken and self.scheduler is not None:
             self.scheduler.step()
@@ -127,6 +157,12 @@ class DDPBackend(common.TorchCollectives, TorchData, Backend):
         return common.numpy_state(self.model.module)
 
     def capture_state(self) -> StateShare:
+        if self.spec.ddp.sync.local:
+            raise ToolkitError(
+                f"run.save() under local SGD (ddp.sync.every_steps "
+                f"{self.spec.ddp.sync.every_steps}): {rules.LOCAL_SGD_STATE}",
+                "save without ddp.sync, or keep the weights with run.full_state_dict()",
+            )
         return torch_state.capture_replicated(
             self.model.module, self.optimizer, rank=self.env.rank, scaler=self.scaler
         )
@@ -142,4 +178,4 @@ class DDPBackend(common.TorchCollectives, TorchData, Backend):
         )
 
     def shutdown(self) -> None:
-        common.release_process_groups(self, ("model", "optimizer", "scheduler"))
+        common.release_process_groups(self, ("model", "optimizer", "stepper", "scheduler"))
