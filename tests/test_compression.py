@@ -19,7 +19,16 @@ def spec(**fields: Any) -> TrainSpec:
     ("fields", "path", "allowed"),
     [
         ({"backend": "horovod", "compression": "powersgd"}, "compression", "none, fp16"),
-        ({"backend": "deepspeed", "compression": "fp16"}, "compression", "none with"),
+        ({"backend": "deepspeed", "compression": "powersgd"}, "compression", "none, fp16"),
+        (
+            {
+                "backend": "deepspeed",
+                "compression": "fp16",
+                "deepspeed": {"communication_data_type": "fp32"},
+            },
+            "deepspeed.communication_data_type",
+            "fp16 or unset",
+        ),
         ({"backend": "fsdp", "compression": "fp16"}, "compression", "none with"),
         ({"backend": "tf", "compression": "fp16"}, "compression", "none with"),
         (
@@ -66,3 +75,11 @@ def test_a_16_bit_cast_halves_the_planned_bytes() -> None:
     plain, cast = spec(backend="ddp"), spec(backend="ddp", compression="fp16")
     assert communication.gradient_bytes(cast, zero_engine=False) == 2.0
     assert communication.gradient_bytes(plain, zero_engine=False) == 4.0
+
+
+def test_deepspeed_compresses_by_reducing_in_fp16() -> None:
+    from toolkit.render.deepspeed import deepspeed_config
+
+    rendered = deepspeed_config(spec(backend="deepspeed", compression="fp16"))
+    assert rendered["communication_data_type"] == "fp16"
+    assert deepspeed_config(spec(backend="deepspeed"))["communication_data_type"] == "fp32"

@@ -127,15 +127,18 @@ def test_parity_cases_pass(harness: Harness) -> None:
 
 @pytest.mark.multiproc
 def test_fp16_compression_changes_the_math_within_its_bound(harness: Harness) -> None:
-    """DDP's fp16 hook is applied (the run leaves the fp32 tolerance of the uncompressed
-    reference) and ends within the stated bound; Horovod's fp16 agrees with it run against run."""
-    ddp, same_cast = (
+    """DDP's fp16 hook and DeepSpeed's fp16 reduce are applied (the runs leave the fp32
+    tolerance of the uncompressed reference) and end within the stated bound; Horovod's fp16
+    agrees with DDP's run against run."""
+    ddp, zero2, same_cast = (
         only("ddp/torchrun:mlp:sgd-accum2-clip-lrscale:fp16-compression"),
+        only("zero2/deepspeed:mlp:sgd-accum2-clip-lrscale:fp16-compression"),
         only("horovod-vs-ddp:mlp:fp16-compression"),
     )
-    compressed, against = harness.run([ddp, same_cast])
-    assert compressed.status == "pass", compressed.error or compressed.to_json()
-    assert compressed.weight_deviation > TOLERANCE["fp32"]
+    compressed, deepspeed, against = harness.run([ddp, zero2, same_cast])
+    for outcome in (compressed, deepspeed):  # DeepSpeed's: its communication_data_type
+        assert outcome.status == "pass", outcome.error or outcome.to_json()
+        assert outcome.weight_deviation > TOLERANCE["fp32"]
     assert against.status == "pass", against.error or against.to_json()
 
 

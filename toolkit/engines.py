@@ -226,6 +226,7 @@ ENGINES: tuple[Engine, ...] = (
     Engine(
         backend="deepspeed",
         framework="torch",
+        compressions=("none", "fp16"),  # its communication_data_type
         backend_class="toolkit.backends.deepspeed.backend:DeepSpeedBackend",
         package="deepspeed",
         probe="toolkit.backends.deepspeed.probe",

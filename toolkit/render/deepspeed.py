@@ -156,7 +156,9 @@ def deepspeed_config(spec: TrainSpec, world_size: int | None = None) -> dict[str
         "gradient_allreduce_op": "mean",
         "prescale_gradients": ds.prescale_gradients,
         "gradient_predivide_factor": ds.gradient_predivide_factor,
-        "communication_data_type": ds.communication_data_type or dtype,
+        # compression: fp16 is DeepSpeed's reduce in fp16 (the spec refuses another dtype).
+        "communication_data_type": ds.communication_data_type
+        or ("fp16" if spec.compression == "fp16" else dtype),
         "data_types": {"grad_accum_dtype": ds.grad_accum_dtype or dtype},
         "pipeline": {
             "stages": spec.parallel.pipeline,

@@ -205,6 +205,8 @@ class TrainSpec(Section):
         data = info.data
         if _have(info, "backend", "precision"):
             _raise(deepspeed_issues(section, data["backend"], data["precision"]))
+        if _have(info, "compression"):
+            _raise(rules.communication_dtype_issues(section, data["compression"]))
         if _have(info, "zero", "clip_grad_norm", "precision"):
             accumulate = section.grad_accum_dtype
             _raise(

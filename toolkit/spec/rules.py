@@ -17,6 +17,7 @@ from typing import Any
 
 from toolkit import engines
 from toolkit.spec.batch import batch_issues
+from toolkit.spec.deepspeed_section import DeepSpeedSpec
 from toolkit.spec.errors import SpecIssue
 from toolkit.spec.hosts import Host, parse_host
 from toolkit.spec.sections import (
@@ -378,6 +379,19 @@ def precision_issues(precision: str, backend: str, framework: str | None) -> Ite
             precision,
             f"{' or '.join(entry.precisions)} with {entry.name}",
             f"use one of those, or an engine that trains in {precision} ({', '.join(runs)})",
+        )
+
+
+def communication_dtype_issues(deepspeed: DeepSpeedSpec, compression: str) -> Iterator[SpecIssue]:
+    """DeepSpeed compresses to fp16 by reducing in fp16 (`communication_data_type`): a
+    different dtype written beside `compression: fp16` contradicts it."""
+    written = deepspeed.communication_data_type
+    if compression == "fp16" and written not in (None, "fp16"):
+        yield _issue(
+            "deepspeed.communication_data_type",
+            written,
+            "fp16 or unset with compression fp16: DeepSpeed compresses by reducing in fp16",
+            "remove deepspeed.communication_data_type, or compression",
         )
 
 
