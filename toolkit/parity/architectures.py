@@ -69,3 +69,38 @@ def inputs_for(arch: str, x: np.ndarray, framework: str) -> np.ndarray:
         return x
     images = x.reshape(-1, 8, 8)
     return images[:, None, :, :] if framework == "torch" else images[:, :, :, None]
+
+
+def forward(arch: str, weights: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
+    """The model's logits for digits pixels [N, 64], in numpy from canonical weights: the same
+    function every framework's model computes, so that any run's weights can be scored
+    without its engine."""
+    out = inputs_for(arch, x, "torch").astype(np.float64)
+    for index, layer in enumerate(ARCHITECTURES[arch]):
+        if layer.kind == "dense":
+            out = out @ weights[f"{index}.weight"].T + weights[f"{index}.bias"]
+        elif layer.kind == "relu":
+            out = np.maximum(out, 0.0)
+        elif layer.kind == "gap":
+            out = out.mean(axis=(2, 3))
+        else:  # conv, stride 1, zero padding kernel // 2: [N, C, H, W]
+            pad = layer.kernel // 2
+            padded = np.pad(out, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+            windows = np.lib.stride_tricks.sliding_window_view(
+                padded, (layer.kernel, layer.kernel), axis=(2, 3)
+            )  # [N, C, H, W, kh, kw]
+            out = np.einsum("nchwij,ocij->nohw", windows, weights[f"{index}.weight"])
+            out = out + weights[f"{index}.bias"][None, :, None, None]
+    return out
+
+
+def held_out_scores(arch: str, weights: dict[str, np.ndarray]) -> tuple[float, float]:
+    """(mean cross-entropy, accuracy) of the weights on the digits test split."""
+    from toolkit.datasets import digits
+
+    data = digits()
+    logits = forward(arch, weights, data.x_test)
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    loss = -log_probs[np.arange(len(data.y_test)), data.y_test].mean()
+    return float(loss), float((logits.argmax(axis=1) == data.y_test).mean())

@@ -22,7 +22,8 @@ import numpy as np
 
 from toolkit.launch.runner import execute, launch_plan_here
 from toolkit.launch.supervisor import run_launcher
-from toolkit.parity.cases import STEPS, Case, merge
+from toolkit.parity.architectures import held_out_scores
+from toolkit.parity.cases import HELD_OUT_MARGIN, STEPS, Case, merge
 from toolkit.ports import free_port, free_port_range
 from toolkit.spec import TrainSpec
 
@@ -73,6 +74,12 @@ class Outcome:
     reference_losses: list[float] = field(default_factory=list)
     skipped: list[int] = field(default_factory=list)
     reference_skipped: list[int] = field(default_factory=list)
+    held_out_loss: float = float("nan")
+    """Cross-entropy of the run's final weights on the digits test split."""
+    reference_held_out_loss: float = float("nan")
+    accuracy: float = float("nan")
+    """Held-out accuracy of the run's final weights."""
+    reference_accuracy: float = float("nan")
     error: str = ""
 
     def to_json(self) -> dict[str, Any]:
@@ -90,6 +97,10 @@ class Outcome:
             "reference_losses": self.reference_losses,
             "skipped_steps": self.skipped,
             "reference_skipped_steps": self.reference_skipped,
+            "held_out_loss": self.held_out_loss,
+            "reference_held_out_loss": self.reference_held_out_loss,
+            "held_out_accuracy": self.accuracy,
+            "reference_held_out_accuracy": self.reference_accuracy,
             "error": self.error,
         }
 
@@ -207,9 +218,16 @@ class Harness:
             skipped=run.skipped,
             reference_skipped=reference.skipped,
         )
+        outcome.held_out_loss, outcome.accuracy = held_out_scores(case.arch, run.weights)
+        scores = held_out_scores(case.arch, reference.weights)
+        outcome.reference_held_out_loss, outcome.reference_accuracy = scores
         tolerance = case.tolerance
         close = outcome.weight_deviation <= tolerance and outcome.loss_deviation <= tolerance
-        if close and run.skipped == reference.skipped:
+        # A lossy method must also do nearly as well on held-out data as the exact run.
+        accurate = case.bound is None or outcome.held_out_loss <= (
+            outcome.reference_held_out_loss * (1 + HELD_OUT_MARGIN)
+        )
+        if close and accurate and run.skipped == reference.skipped:
             outcome.status = "pass"
         return outcome
 
