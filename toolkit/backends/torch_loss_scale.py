@@ -28,6 +28,7 @@ class LossScaler:
     def __init__(self, spec: TrainSpec, device: torch.device, *, sharded: bool = False) -> None:
         self.rule = LossScaleRule.from_spec(spec.loss_scaling)
         self.sharded = sharded
+        self.device = device
         self.skipped_steps = 0
         self._grad_scaler = torch.amp.GradScaler(device.type, init_scale=self.rule.scale)
         self._overflow = False
@@ -70,7 +71,7 @@ class LossScaler:
 
     def _any_not_finite(self, parameters: Iterable[Any]) -> bool:
         grads = [_local(p.grad) for p in parameters if p.grad is not None]
-        found = torch.zeros(1, device=grads[0].device if grads else "cpu")
+        found = torch.zeros(1, device=self.device)  # where the process group reduces
         for grad in grads:
             found += (~torch.isfinite(grad)).any().float()
         if self.sharded:

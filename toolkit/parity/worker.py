@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from toolkit.parity.architectures import initial_weights, inputs_for
 from toolkit.schedule import lr_ratio
 from toolkit.sharding import StepLayout, epoch_order, micro_batch_indices
 from toolkit.spec import TrainSpec
+from toolkit.spec.batch import ResolvedBatch
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -55,6 +57,21 @@ def global_batches(spec: TrainSpec, steps: int, num_samples: int) -> list[np.nda
     whole = StepLayout(micro=spec.batch_for().global_, accumulation=1, dp_size=1)
     order = epoch_order(num_samples, seed=spec.seed, epoch=0, shuffle=True)
     return [micro_batch_indices(order, whole, step=s, dp_rank=0)[0] for s in range(steps)]
+
+
+def rank_cut(
+    spec: TrainSpec, ranks: int, samples: int
+) -> tuple[ResolvedBatch, Callable[[int, int], list[np.ndarray]]]:
+    """The batch triple for `ranks` and, for (step, rank), the sample indices of that rank's
+    micro-batches at that step, as the engine's loader cuts them (toolkit.sharding)."""
+    batch = spec.batch_for(ranks)
+    layout = StepLayout(micro=batch.micro, accumulation=batch.accumulation, dp_size=batch.dp)
+    order = epoch_order(samples, seed=spec.seed, epoch=0, shuffle=True)
+
+    def rank_batches(step: int, rank: int) -> list[np.ndarray]:
+        return micro_batch_indices(order, layout, step=step, dp_rank=rank)
+
+    return batch, rank_batches
 
 
 def torch_optimizer(spec: TrainSpec, model: Any) -> Any:
@@ -130,9 +147,7 @@ def reference_torch_fp16(spec: TrainSpec, arch: str, steps: int, ranks: int) -> 
     y = torch.from_numpy(data.y_train)
     model = torch_models.build(arch, initial_weights(arch, spec.seed))
     optimizer, lr = torch_optimizer(spec, model), spec.effective_lr(ranks)
-    batch = spec.batch_for(ranks)
-    layout = StepLayout(micro=batch.micro, accumulation=batch.accumulation, dp_size=batch.dp)
-    order = epoch_order(len(y), seed=spec.seed, epoch=0, shuffle=True)
+    batch, rank_batches = rank_cut(spec, ranks, len(y))
     rule = LossScaleRule.from_spec(spec.loss_scaling)
     losses, skipped, applied = [], [], 0
     for step in range(steps):
@@ -141,7 +156,7 @@ def reference_torch_fp16(spec: TrainSpec, arch: str, steps: int, ranks: int) -> 
         optimizer.zero_grad()
         step_losses = []
         for rank in range(batch.dp):
-            for indices in micro_batch_indices(order, layout, step=step, dp_rank=rank):
+            for indices in rank_batches(step, rank):
                 with torch.autocast("cpu", dtype=torch.float16):
                     loss = torch_models.loss_fn(model(x[indices]), y[indices])
                 share = loss / batch.accumulation if batch.accumulation > 1 else loss
@@ -203,9 +218,7 @@ def reference_torch_local_sgd(spec: TrainSpec, arch: str, steps: int, ranks: int
     models = [torch_models.build(arch, initial_weights(arch, spec.seed)) for _ in range(ranks)]
     optimizers = [torch_optimizer(spec, model) for model in models]
     lr = spec.effective_lr(ranks)
-    batch = spec.batch_for(ranks)
-    layout = StepLayout(micro=batch.micro, accumulation=batch.accumulation, dp_size=batch.dp)
-    order = epoch_order(len(y), seed=spec.seed, epoch=0, shuffle=True)
+    batch, rank_batches = rank_cut(spec, ranks, len(y))
     sync = spec.ddp.sync
     losses = []
     for step in range(steps):
@@ -214,7 +227,7 @@ def reference_torch_local_sgd(spec: TrainSpec, arch: str, steps: int, ranks: int
             for group in optimizer.param_groups:
                 group["lr"] = lr * lr_ratio(spec.schedule, step)
             optimizer.zero_grad()
-            for indices in micro_batch_indices(order, layout, step=step, dp_rank=rank):
+            for indices in rank_batches(step, rank):
                 loss = torch_models.loss_fn(model(x[indices]), y[indices])
                 share = loss / batch.accumulation if batch.accumulation > 1 else loss
                 share.backward()
@@ -280,9 +293,7 @@ def reference_tensorflow_fp16(spec: TrainSpec, arch: str, steps: int, ranks: int
     model = keras_models.build(arch, initial_weights(arch, spec.seed))
     lr = spec.effective_lr(ranks)
     optimizer = keras_optimizer(spec, lr)
-    batch = spec.batch_for(ranks)
-    layout = StepLayout(micro=batch.micro, accumulation=batch.accumulation, dp_size=batch.dp)
-    order = epoch_order(len(y), seed=spec.seed, epoch=0, shuffle=True)
+    batch, rank_batches = rank_cut(spec, ranks, len(y))
     rule = LossScaleRule.from_spec(spec.loss_scaling)
     losses, skipped, applied = [], [], 0
     for step in range(steps):
@@ -290,7 +301,7 @@ def reference_tensorflow_fp16(spec: TrainSpec, arch: str, steps: int, ranks: int
         total: list[Any] = []
         step_losses = []
         for rank in range(batch.dp):
-            for indices in micro_batch_indices(order, layout, step=step, dp_rank=rank):
+            for indices in rank_batches(step, rank):
                 with tf.GradientTape() as tape:
                     loss = tf.reduce_mean(keras_models.loss_fn(model(x[indices]), y[indices]))
                     share = loss / batch.accumulation if batch.accumulation > 1 else loss

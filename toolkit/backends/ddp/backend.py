@@ -76,7 +76,7 @@ class DDPBackend(common.TorchCollectives, TorchData, Backend):
         """torch's post-local SGD: the hook all-reduces gradients for `ddp.sync.after` steps
         and then not at all (post_local_gradient_allreduce off: each rank steps alone), and
         the optimizer averages the ranks' parameters every `ddp.sync.every_steps` steps from
-        there on. The schedule and checkpoints see the inner optimizer."""
+        there on. The schedule steps the inner optimizer."""
         sync = self.spec.ddp.sync
         state = post_localSGD_hook.PostLocalSGDState(
             process_group=None,
