@@ -79,12 +79,20 @@ class Loader(Protocol):
         """Steps in one epoch; None for a stream, whose length is known when it ends."""
 
 
+class SkipCounter(Protocol):
+    """A loss scaler, as far as the run sees it: how many fp16 steps it skipped."""
+
+    skipped_steps: int
+
+
 class Backend(ABC):
     """One engine. Constructed by `toolkit.init` after the launch environment is known."""
 
     device: Any = "cpu"
     """Where this rank trains: the torch engines' torch.device (`cuda:<local rank>` under
     CUDA), bound in setup; "cpu" until then and for engines that place ops themselves."""
+    scaler: SkipCounter | None = None
+    """fp16's loss scaler on the engines whose loss the toolkit scales; None otherwise."""
 
     def __init__(self, spec: TrainSpec, env: LaunchEnvironment) -> None:
         self.spec = spec
@@ -124,8 +132,7 @@ class Backend(ABC):
     @property
     def skipped_steps(self) -> int:
         """fp16 steps skipped for overflowed gradients, on the engines that scale the loss."""
-        scaler = getattr(self, "scaler", None)
-        return scaler.skipped_steps if scaler is not None else 0
+        return self.scaler.skipped_steps if self.scaler is not None else 0
 
     def reported_loss(self, local: Any) -> float:
         """What train_step returns, from this process's mean loss (spec.step_loss): as it is, or

@@ -85,6 +85,15 @@ def _local(grad: torch.Tensor) -> torch.Tensor:
     return to_local() if callable(to_local) else grad
 
 
+def optimizer_step(scaler: LossScaler | None, optimizer: Any) -> bool:
+    """The step: through fp16's scaler (which skips it on overflow), else the optimizer's own.
+    True when the step was taken, so that the schedule steps too."""
+    if scaler is None:
+        optimizer.step()
+        return True
+    return scaler.step(optimizer)
+
+
 def loss_scaler(
     spec: TrainSpec, device: torch.device, *, sharded: bool = False
 ) -> LossScaler | None:

@@ -38,7 +38,7 @@ from toolkit.backends import torch_common as common
 from toolkit.backends import torch_device, torch_state
 from toolkit.backends.base import Backend, LossFn, MetricFn, MicroBatch, StateShare
 from toolkit.backends.torch_data import TorchData
-from toolkit.backends.torch_loss_scale import loss_scaler
+from toolkit.backends.torch_loss_scale import LossScaler, loss_scaler, optimizer_step
 from toolkit.backends.torch_recompute import recompute
 from toolkit.checkpoint import CheckpointState
 from toolkit.errors import ToolkitError
@@ -48,6 +48,7 @@ from toolkit.spec import rules
 class DDPBackend(common.TorchCollectives, TorchData, Backend):
     model: DistributedDataParallel
     optimizer: torch.optim.Optimizer
+    scaler: LossScaler | None = None
 
     def setup(self) -> None:
         self.device = torch_device.start_process_group(self.spec, self.env)
@@ -131,12 +132,8 @@ class DDPBackend(common.TorchCollectives, TorchData, Backend):
             self.scaler.unscale(self.optimizer, self.model.parameters())
         if self.spec.clip_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.clip_grad_norm)
-        if self.scaler:
-            taken = self.scaler.step(self.optimizer)
-        else:
-            self.stepper.step()
-            taken = True
-        if taken and self.scheduler is not None:
+        # The stepper is the optimizer itself unless local SGD, which fp16 is refused with.
+        if optimizer_step(self.scaler, self.stepper) and self.scheduler is not None:
             self.scheduler.step()
 
     def eval_sums(

@@ -55,7 +55,7 @@ from toolkit.backends import torch_device, torch_state
 from toolkit.backends.base import Backend, LossFn, MetricFn, MicroBatch, StateShare
 from toolkit.backends.fsdp.tensor import tensor_plan
 from toolkit.backends.torch_data import TorchData
-from toolkit.backends.torch_loss_scale import loss_scaler
+from toolkit.backends.torch_loss_scale import LossScaler, loss_scaler, optimizer_step
 from toolkit.backends.torch_recompute import modules_of_classes, recompute
 from toolkit.checkpoint import Block, CheckpointState, optimizer_key
 from toolkit.errors import ToolkitError
@@ -69,6 +69,7 @@ FULL = StateDictOptions(full_state_dict=True)
 class FSDPBackend(common.TorchCollectives, TorchData, Backend):
     model: Any
     optimizer: torch.optim.Optimizer
+    scaler: LossScaler | None = None
 
     def setup(self) -> None:
         self.device = torch_device.start_process_group(self.spec, self.env)
@@ -153,12 +154,7 @@ class FSDPBackend(common.TorchCollectives, TorchData, Backend):
             self.scaler.unscale(self.optimizer, self.model.parameters())
         if self.spec.clip_grad_norm > 0:
             clip_sharded(list(self.model.parameters()), self.spec.clip_grad_norm)
-        if self.scaler:
-            taken = self.scaler.step(self.optimizer)
-        else:
-            self.optimizer.step()
-            taken = True
-        if taken and self.scheduler is not None:
+        if optimizer_step(self.scaler, self.optimizer) and self.scheduler is not None:
             self.scheduler.step()
         return self.reported_loss(batches.mean_loss(losses))
 

@@ -38,7 +38,7 @@ from toolkit.backends import torch_device, torch_state
 from toolkit.backends.base import Backend, LossFn, MetricFn, MicroBatch, StateShare
 from toolkit.backends.horovod.settings import check_world_size, export_environment
 from toolkit.backends.torch_data import TorchData
-from toolkit.backends.torch_loss_scale import loss_scaler
+from toolkit.backends.torch_loss_scale import LossScaler, loss_scaler, optimizer_step
 from toolkit.backends.torch_recompute import recompute
 from toolkit.checkpoint import CheckpointState
 from toolkit.errors import ToolkitError
@@ -51,6 +51,7 @@ COMPRESSION = {"Compression.none": hvd.Compression.none, "Compression.fp16": hvd
 class HorovodTorchBackend(TorchData, Backend):
     model: torch.nn.Module
     optimizer: Any
+    scaler: LossScaler | None = None
 
     def setup(self) -> None:
         common.configure_threads(self.spec, self.env)
@@ -115,10 +116,7 @@ class HorovodTorchBackend(TorchData, Backend):
         if self.spec.clip_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.clip_grad_norm)
         with self.optimizer.skip_synchronize():
-            if self.scaler:
-                return self.scaler.step(self.optimizer)
-            self.optimizer.step()
-        return True
+            return optimizer_step(self.scaler, self.optimizer)
 
     def eval_sums(
         self, micro_batches: Sequence[MicroBatch], metric_fn: MetricFn, *, pairs: bool
