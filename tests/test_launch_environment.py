@@ -277,6 +277,29 @@ DETECTION_CASES = [
         ),
     ),
     (
+        "TF_CONFIG of a parameter server: chief, workers, then the parameter servers",
+        {
+            "TF_CONFIG": json.dumps(
+                {
+                    "cluster": {"chief": ["c:2222"], "worker": ["w0:2222"], "ps": ["p0:2222"]},
+                    "task": {"type": "ps", "index": 0},
+                }
+            )
+        },
+        [],
+        env_(
+            "tf_config",
+            2,
+            0,
+            3,
+            local_world_size=1,
+            node_rank=2,
+            master_addr="c",
+            master_port=2222,
+            hosts=("c:2222", "w0:2222", "p0:2222"),
+        ),
+    ),
+    (
         "TF_CONFIG inside an srun step: TensorFlow reads TF_CONFIG",
         SRUN | TF_CONFIG_LOCAL,
         [],
@@ -405,15 +428,18 @@ ERROR_CASES = [
         "task.index=1 is not an index into cluster.worker (1 entries)",
     ),
     (
-        "TF_CONFIG parameter server",
+        "TF_CONFIG evaluator",
         {
             "TF_CONFIG": json.dumps(
-                {"cluster": {"ps": ["a:1"], "worker": ["b:1"]}, "task": {"type": "ps", "index": 0}}
+                {
+                    "cluster": {"evaluator": ["a:1"], "worker": ["b:1"]},
+                    "task": {"type": "evaluator", "index": 0},
+                }
             )
         },
         [],
         None,
-        "task.type='ps' is not supported",
+        "task.type='evaluator' is not supported",
     ),
     (
         "TF_CONFIG address without port",

@@ -143,6 +143,9 @@ class Engine:
     local_devices: bool = False
     """A job of one process runs several replicas in it (MirroredStrategy over
     `tf.local_devices`), which count as data-parallel ranks."""
+    parameter_server_class: str | None = None
+    """"module:Class" of the backend that runs `tf.strategy: parameter_server` (TensorFlow's
+    ParameterServerStrategy), or None where the engine has no parameter servers."""
     precisions: tuple[str, ...] = ("fp32", "fp16", "bf16")
     """The spec's precisions it trains in; others are refused by `toolkit spec check`."""
     tensor_parallel: bool = False
@@ -282,6 +285,7 @@ ENGINES: tuple[Engine, ...] = (
         backend="tf",
         framework="tensorflow",
         backend_class="toolkit.backends.tf.backend:TFBackend",
+        parameter_server_class="toolkit.backends.tf.parameter_server:ParameterServerBackend",
         precisions=("fp32", "fp16"),
         package="tensorflow",
         probe="toolkit.backends.tf.probe",

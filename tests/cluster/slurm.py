@@ -1,9 +1,10 @@
 """A single-machine Slurm: munged, slurmctld and slurmd with their own key, socket, ports,
 configuration, state and logs under one temporary directory.
 
-This host (`hostname`) is the one node, with CPUs=2 whatever the machine has
-(`SlurmdParameters=config_overrides`), in one partition that lets four tasks share a core
-(`OverSubscribe=FORCE:4`), so 2-rank jobs start on a 2-core machine while other jobs run.
+This host (`hostname`) is the one node, with CPUs=4 whatever the machine has
+(`SlurmdParameters=config_overrides`: a parameter-server job's chief, two workers and server
+are 4 tasks), in one partition that lets four tasks share a core (`OverSubscribe=FORCE:4`), so
+2-rank jobs start on a 2-core machine while other jobs run.
 Client commands find this cluster through SLURM_CONF alone: the munge socket is named in
 the configuration (`AuthInfo=socket=...`), so nothing system-wide is read or changed.
 Completed jobs stay visible to `scontrol show job` for MinJobAge (no accounting database, so
@@ -85,7 +86,7 @@ SlurmctldPidFile={root}/slurmctld.pid
 SlurmdPidFile={root}/slurmd.pid
 SlurmctldLogFile={root}/slurmctld.log
 SlurmdLogFile={root}/slurmd.log
-NodeName={node} NodeHostname={node} NodeAddr={address} CPUs=2 State=UNKNOWN
+NodeName={node} NodeHostname={node} NodeAddr={address} CPUs=4 State=UNKNOWN
 PartitionName={partition} Nodes={node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 """
 

@@ -26,6 +26,7 @@ from tests.cluster.test_slurm_cluster import job_env, submit
 from tests.options import FULL_CLUSTER
 from tests.realrun import ROOT, SPECS, json_objects, rank_env
 from tests.resuming import EVERY, OPTIMIZERS, STEPS, TORCH_SCRIPT
+from tests.test_parameter_server_real import ACCURACY_MARGIN
 
 pytestmark = [pytest.mark.cluster, pytest.mark.multiproc, pytest.mark.usefixtures("no_orphans")]
 
@@ -84,6 +85,29 @@ def test_sbatch_script_trains_on_two_ranks(
     output = tmp_path / "out.txt"
     reports = submit(slurm_cluster, script, output)
     check_two_ranks_agree(reports, output.read_text())
+
+
+def test_sbatch_parameter_server_job_reaches_the_synchronous_accuracy(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """1 chief, 2 workers and 1 parameter server under srun, each task's TF_CONFIG built from
+    its rank and the allocation's hosts, reach the synchronous job's held-out accuracy."""
+    accuracy = {}
+    for name, ranks in (("tf_multiworker", 2), ("tf_parameter_server", 4)):
+        where = tmp_path / name
+        where.mkdir()
+        spec_file = write_spec(name, "srun", where, np=ranks)
+        script = where / "job.sh"
+        example = [str(ROOT / "hvd_examples" / "tf_digits.py"), "--spec", str(spec_file)]
+        render = [sys.executable, "-m", "toolkit", "config", "sbatch", "--spec", str(spec_file)]
+        render += ["-o", str(script), "--", *example, "--epochs", "8", "--min-accuracy", "0"]
+        subprocess.run(render, env=job_env(slurm_cluster), cwd=ROOT, check=True, timeout=120)
+        output = where / "out.txt"
+        (metrics,) = [r for r in submit(slurm_cluster, script, output) if "accuracy" in r]
+        assert metrics["world_size"] == ranks, output.read_text()[-3000:]
+        accuracy[name] = metrics["accuracy"]
+    floor = accuracy["tf_multiworker"] - ACCURACY_MARGIN
+    assert accuracy["tf_parameter_server"] >= floor, accuracy
 
 
 def test_toolkit_launch_inside_salloc_uses_the_allocation(

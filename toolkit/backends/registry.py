@@ -47,7 +47,17 @@ def check_launcher(backend: str, framework: str, launcher: str) -> None:
         )
 
 
-def load_backend_class(backend: str, framework: str) -> type[Backend]:
-    module_name, _, class_name = _engine(backend, framework).backend_class.partition(":")
+def load_backend_class(
+    backend: str, framework: str, *, parameter_server: bool = False
+) -> type[Backend]:
+    """The engine's backend class; with `parameter_server`, the one that runs parameter
+    servers (`toolkit spec check` refuses the strategy on engines without one)."""
+    entry = _engine(backend, framework)
+    path = entry.parameter_server_class if parameter_server else entry.backend_class
+    if path is None:
+        raise ToolkitError(
+            f"backend {backend} has no parameter servers", "remove tf.strategy from the spec"
+        )
+    module_name, _, class_name = path.partition(":")
     backend_class: type[Backend] = getattr(importlib.import_module(module_name), class_name)
     return backend_class

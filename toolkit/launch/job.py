@@ -122,6 +122,12 @@ class Job:
         self._dead_since: dict[int, float] = {}
         self.preempt_s = preempt_s
         self._preemption: PassOn | None = None
+        self.roles: dict[int, str] = {}
+        """Local ranks' roles where they differ (a parameter-server job's), named in reports."""
+        self.survivable: dict[int, str] = {}
+        """Local ranks whose failure the job outlives, each with why (a parameter-server
+        job's workers), as long as one of them is left."""
+        self._lost: set[int] = set()
 
     @contextmanager
     def starting(self) -> Iterator[None]:
@@ -255,17 +261,33 @@ class Job:
             status = child.popen.poll()
             if status == 0 and child.rank is not None:
                 self.heartbeats.mark_ended(child.rank)
-            if status is None or status == 0:
+            if status is None or status == 0 or self._survived(child, status):
                 continue
             if child.rank is None:  # a launcher
                 reason = f"{child.label} {describe_status(status)}"
                 return _Ending(exit_code(status), reason, launcher_failed=status)
             host = self.placement.get(child.rank, self.hostname)
-            how = f"rank {child.rank} on host {host} {describe_status(status)}"
+            how = f"{self._rank(child.rank)} on host {host} {describe_status(status)}"
             return _Ending(exit_code(status), how, child.rank, host)
-        if all(child.popen.returncode == 0 for child in self.children):
+        if all(child.popen.returncode == 0 or child.rank in self._lost for child in self.children):
             return _Ending(0, "")
         return None
+
+    def _survived(self, child: _Child, status: int) -> bool:
+        """A survivable rank's failure, reported once, while another survivable rank is left."""
+        if child.rank not in self.survivable:
+            return False
+        if child.rank not in self._lost:
+            if set(self.survivable) <= self._lost | {child.rank}:
+                return False  # the last of them: nothing is left to take over its work
+            self._lost.add(child.rank)
+            self.heartbeats.mark_ended(child.rank)
+            host = self.placement.get(child.rank, self.hostname)
+            note = f"toolkit launch: {self._rank(child.rank)} on host {host} "
+            note += f"{describe_status(status)}; "
+            note += f"the job goes on without it ({self.survivable[child.rank]})\n"
+            self.console.write("stderr", self, note)
+        return True
 
     def _rank_ending(self) -> _Ending | None:
         """A failure the launcher has not acted on within `grace` seconds."""
@@ -393,7 +415,12 @@ class Job:
         return self.placement.get(record.rank, record.host)
 
     def _named(self, record: RankRecord) -> str:
-        return f"rank {record.rank} on host {self._host(record)}"
+        return f"{self._rank(record.rank)} on host {self._host(record)}"
+
+    def _rank(self, rank: int) -> str:
+        """ "rank 3", with the rank's role where it has one: "rank 3 (ps 0)"."""
+        role = self.roles.get(rank)
+        return f"rank {rank}" if role is None else f"rank {rank} ({role})"
 
 
 def _name(process: psutil.Process) -> str:

@@ -22,6 +22,7 @@ from toolkit.launch.remote import RemoteHosts, check_hosts
 from toolkit.launch.supervisor import DEFAULT_STALL_SECONDS, LOOPBACK, run_launcher, run_local
 from toolkit.rank_variables import SUPERVISOR_VARIABLES
 from toolkit.render.launchers import LaunchContext, LaunchPlan, launch_plan
+from toolkit.render.tf import rank_roles, survivable_ranks
 from toolkit.spec import TrainSpec
 from toolkit.spec.hosts import LOCAL_NAMES
 
@@ -66,6 +67,8 @@ def execute(
             master_addr=spec.master_addr,
             master_port=spec.launch.master_port,
             rank_envs=[rank.env for rank in plan.ranks],
+            roles=rank_roles(spec),
+            survivable=survivable_ranks(spec),
             timeout=timeout,
             stall_timeout=stall_timeout,
             echo=echo,

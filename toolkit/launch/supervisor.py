@@ -141,6 +141,8 @@ def run_local(
     master_addr: str = LOOPBACK,
     master_port: int | None = None,
     rank_envs: Sequence[Mapping[str, str]] | None = None,
+    roles: Mapping[int, str] | None = None,
+    survivable: Mapping[int, str] | None = None,
     timeout: float | None = None,
     stall_timeout: float | None = DEFAULT_STALL_SECONDS,
     grace: float = DEFAULT_GRACE_SECONDS,
@@ -150,6 +152,8 @@ def run_local(
 ) -> LaunchResult:
     """Start `nprocs` copies of argv on this machine, rank i with TOOLKIT_RANK=i etc., and
     supervise them. `rank_envs[i]`, when given, adds rank i's own variables (TF_CONFIG).
+    `roles` names ranks by role in reports; `survivable` holds the ranks whose failure the job
+    outlives, each with why (toolkit.launch.job).
     PYTHONUNBUFFERED=1 is set unless given, so that output arrives as it is written and the
     stderr tail of a killed rank is not lost in its buffer. With `remote`, a rank placed on
     another host runs there over ssh with its own variables and the supervisor's."""
@@ -161,6 +165,7 @@ def run_local(
     base.pop(TOOLKIT_TAG_OUTPUT, None)  # each local rank has pipes of its own
     heartbeat_host = LOOPBACK if remote is None else remote.heartbeat_host
     job = _job(timeout, stall_timeout, grace, echo, heartbeat_host, remote, preempt_s)
+    job.roles, job.survivable = dict(roles or {}), dict(survivable or {})
     with job.starting():
         for rank in range(nprocs):
             own = dict(rank_envs[rank]) if rank_envs else {}

@@ -19,10 +19,15 @@ def _split_host_port(address: str, source: str) -> tuple[str, int]:
     return host.strip("[]"), int(port_text)
 
 
+RANK_ORDER = ("chief", "worker", "ps")
+"""TF_CONFIG's task types in the order of the ranks they become."""
+
+
 class TFConfig(Detector):
     """TF_CONFIG, which tf.distribute reads itself: there is no launcher, the user or an
-    operator (Kubeflow's TFJob) writes it per worker. The chief, if any, is rank 0 and the
-    workers follow; processes sharing a host are that host's local ranks."""
+    operator (Kubeflow's TFJob) writes it per task. The chief, if any, is rank 0, the workers
+    follow and the parameter servers come last (toolkit.render.tf.task_of); processes sharing
+    a host are that host's local ranks."""
 
     name = "tf_config"
     required = ("TF_CONFIG",)
@@ -40,17 +45,16 @@ class TFConfig(Detector):
         task = config.get("task") if isinstance(config, dict) else None
         if not isinstance(cluster, dict) or not isinstance(task, dict):
             raise ToolkitError("TF_CONFIG needs a 'cluster' and a 'task' object.", hint)
-        chief = cluster.get("chief", [])
-        workers = cluster.get("worker", [])
+        roles = {kind: cluster.get(kind, []) for kind in RANK_ORDER}
         task_type, index = task.get("type"), task.get("index")
-        if task_type not in ("chief", "worker"):
+        if task_type not in RANK_ORDER:
             raise ToolkitError(
-                f"TF_CONFIG task.type={task_type!r} is not supported: allowed are chief, worker.",
-                "the toolkit's tf engine uses MultiWorkerMirroredStrategy, which has no "
-                "parameter servers or evaluators",
+                f"TF_CONFIG task.type={task_type!r} is not supported: allowed are "
+                f"{', '.join(RANK_ORDER)}.",
+                "the toolkit runs no evaluator task: evaluate on the chief with run.evaluate",
             )
-        members = chief if task_type == "chief" else workers
-        if not isinstance(chief, list) or not isinstance(workers, list) or not members:
+        members = roles[task_type]
+        if not all(isinstance(listed, list) for listed in roles.values()) or not members:
             raise ToolkitError(f"TF_CONFIG cluster.{task_type} is missing or not a list.", hint)
         if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(members):
             raise ToolkitError(
@@ -58,8 +62,9 @@ class TFConfig(Detector):
                 f"({len(members)} entries).",
                 hint,
             )
-        hosts = tuple(str(address) for address in [*chief, *workers])
-        rank = index if task_type == "chief" else len(chief) + index
+        hosts = tuple(str(address) for kind in RANK_ORDER for address in roles[kind])
+        before = RANK_ORDER[: RANK_ORDER.index(task_type)]
+        rank = sum(len(roles[kind]) for kind in before) + index
         machines = [_split_host_port(address, "TF_CONFIG")[0] for address in hosts]
         master_addr, master_port = _split_host_port(hosts[0], "TF_CONFIG")
         this_machine = machines[rank]

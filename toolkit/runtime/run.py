@@ -373,7 +373,10 @@ def init(spec: TrainSpec, *, launcher: str | None = None, argv: Sequence[str] | 
     join_supervisor(env.rank)  # heartbeats to `toolkit launch`, if it started this process
     random.seed(spec.seed)
     np.random.seed(spec.seed % 2**32)
-    backend = load_backend_class(spec.backend, spec.framework_name)(spec, env)
+    backend_class = load_backend_class(
+        spec.backend, spec.framework_name, parameter_server=spec.parameter_server
+    )
+    backend = backend_class(spec, env)
     backend.setup()
     atexit.register(gc.collect)  # after the script's own exit handlers: atexit runs LIFO
     resume = checkpoint_to_resume(spec)

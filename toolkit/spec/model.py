@@ -20,7 +20,7 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator
 
 from toolkit.device import DeviceSetting
 from toolkit.engines import Backend, Framework, Launcher, controllers_under, engine
-from toolkit.spec import rules
+from toolkit.spec import parameter_servers, rules
 from toolkit.spec.batch import ResolvedBatch, resolve_batch
 from toolkit.spec.deepspeed_section import (
     DeepSpeedSpec,
@@ -239,9 +239,16 @@ class TrainSpec(Section):
 
     @field_validator("tf")
     @classmethod
-    def _tf_communication_fits_device(cls, tf: TfSpec, info: ValidationInfo) -> TfSpec:
+    def _tf_rules(cls, tf: TfSpec, info: ValidationInfo) -> TfSpec:
+        data = info.data
         if _have(info, "device"):
-            _raise(rules.tf_device_issues(tf, info.data["device"]))
+            _raise(rules.tf_device_issues(tf, data["device"]))
+        if _have(info, "backend", "precision"):
+            _raise(
+                parameter_servers.role_issues(
+                    tf, data["backend"], data.get("framework"), data["precision"]
+                )
+            )
         return tf
 
     @field_validator("launch", mode="before")
@@ -286,6 +293,8 @@ class TrainSpec(Section):
             _raise(rules.restart_issues(info.data["launch"], checkpoint))
         if _have(info, "ddp"):
             _raise(rules.local_sgd_checkpoint_issues(info.data["ddp"], checkpoint))
+        if _have(info, "tf"):
+            _raise(parameter_servers.checkpoint_issues(info.data["tf"], checkpoint))
         return checkpoint
 
     @field_validator("precision")
@@ -367,6 +376,11 @@ class TrainSpec(Section):
         return self.compression if self.compression != "none" else self.horovod.compression
 
     @property
+    def parameter_server(self) -> bool:
+        """tf.strategy parameter_server: TensorFlow's ParameterServerStrategy runs the job."""
+        return parameter_servers.parameter_servers(self.tf)
+
+    @property
     def framework_name(self) -> Framework:
         """The framework, resolved from the backend when not given."""
         return self.framework or engine(self.backend).framework
@@ -420,7 +434,7 @@ class TrainSpec(Section):
         """The batch triple for `world_size` processes (default: this spec's); SpecError if
         impossible. MirroredStrategy's replicas in one process count as data-parallel ranks."""
         world = self.world_size if world_size is None else world_size
-        replicas = world * self.replicas_per_process(world)
+        replicas = parameter_servers.data_replicas(self.tf, world, self.replicas_per_process(world))
         return resolve_batch(self.batch, replicas, self.parallel)
 
     def layout_for(self, world_size: int | None = None) -> Layout:

@@ -16,6 +16,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from toolkit import engines
+from toolkit.spec import parameter_servers
 from toolkit.spec.batch import batch_issues
 from toolkit.spec.deepspeed_section import DeepSpeedSpec
 from toolkit.spec.errors import SpecIssue
@@ -573,8 +574,10 @@ def world_issues(
     world = fixed_world_size(launch)
     if world is None:
         return []
-    replicas = world * replicas_per_process(backend, framework, tf, world)
-    return batch_issues(batch, replicas, parallel)
+    replicas = parameter_servers.data_replicas(
+        tf, world, replicas_per_process(backend, framework, tf, world)
+    )
+    return [*batch_issues(batch, replicas, parallel), *parameter_servers.world_issues(tf, world)]
 
 
 def horovod_issues(

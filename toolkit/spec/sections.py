@@ -43,6 +43,7 @@ HorovodOp = Literal["average", "sum", "adasum"]
 Compression = Literal["none", "fp16", "bf16", "powersgd"]
 TfCommunication = Literal["ring", "nccl", "auto"]
 TfInstanceKeys = Literal["unique", "per_trace"]
+TfStrategy = Literal["mirrored", "parameter_server"]
 MultinodeLauncher = Literal["pdsh", "openmpi", "mvapich", "slurm"]
 
 PathText = Annotated[str, Text("a path", "write a non-empty path on one line")]
@@ -646,7 +647,25 @@ class HorovodSpec(Section):
 
 
 class TfSpec(Section):
-    """tf.distribute settings: MultiWorkerMirroredStrategy, or MirroredStrategy in one process."""
+    """tf.distribute settings: MultiWorkerMirroredStrategy, or MirroredStrategy in one process,
+    or ParameterServerStrategy."""
+
+    strategy: TfStrategy = Field(
+        default="mirrored",
+        description="mirrored: synchronous data parallelism (MultiWorkerMirroredStrategy "
+        "across processes, MirroredStrategy in one). parameter_server: TensorFlow's "
+        "ParameterServerStrategy, asynchronous: rank 0 is the chief, which runs the training "
+        "loop and reads every global batch, the last tf.ps ranks hold the variables, and the "
+        "ranks between are workers, each applying its own steps' gradients as it finishes "
+        "them, on weights up to workers - 1 updates old.",
+    )
+    ps: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Parameter servers under tf.strategy parameter_server: the job's last this "
+        "many ranks; variables are placed whole, round-robin over them.",
+    )
 
     communication: TfCommunication = Field(
         default="ring",

@@ -37,3 +37,12 @@ def gather_addresses(*, single_host: bool, port: int) -> list[str]:
     address = own_address(single_host=single_host)
     own = f"{address}:{free_port(address) if single_host else port}"
     return [str(item) for item in comm.allgather(own)]
+
+
+def wait_for_every_rank_to_finish() -> None:
+    """MPI_Finalize, which returns once every rank has called it: a rank that only serves
+    others (a parameter server) waits here for the rank that drives the job to exit, which
+    finalizes at its exit (mpi4py's default), and neither waits on the other for ever."""
+    from mpi4py import MPI
+
+    MPI.Finalize()

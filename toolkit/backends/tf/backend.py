@@ -32,7 +32,6 @@ shared with Horovod for TF, whose checkpoints this backend continues and the oth
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 from collections.abc import Callable, Sequence
@@ -124,32 +123,31 @@ class TFBackend(Backend):
         )
 
     def _export_tf_config(self) -> None:
-        """TF_CONFIG for this worker, unless the launcher already gave one."""
+        """TF_CONFIG for this rank, unless the launcher already gave one."""
         if "TF_CONFIG" in os.environ:
             return
         if self.env.launcher in MPI_ENVIRONMENTS:
             from toolkit.backends.mpi.rendezvous import gather_addresses
 
-            workers = gather_addresses(
+            addresses = gather_addresses(
                 single_host=self.env.local_world_size == self.env.world_size,
                 port=self.spec.tf.port + self.env.rank,
             )
         elif self.env.hosts:
             per_host = self.env.local_world_size
-            workers = [
+            addresses = [
                 f"{self.env.hosts[rank // per_host]}:{self.spec.tf.port + rank}"
                 for rank in range(self.env.world_size)
             ]
         else:
-            workers = render_tf.worker_addresses(self.spec)
-        if len(workers) != self.env.world_size:
+            addresses = render_tf.worker_addresses(self.spec)
+        if len(addresses) != self.env.world_size:
             raise ToolkitError(
-                f"{len(workers)} TF workers for {self.env.world_size} ranks",
+                f"{len(addresses)} TF addresses for {self.env.world_size} ranks",
                 "set launch.np to the number of processes the launcher starts",
             )
-        os.environ["TF_CONFIG"] = json.dumps(
-            {"cluster": {"worker": workers}, "task": {"type": "worker", "index": self.env.rank}}
-        )
+        ps = render_tf.parameter_servers(self.spec)
+        os.environ["TF_CONFIG"] = render_tf.tf_config_of(addresses, self.env.rank, ps)
 
     def scope(self) -> AbstractContextManager[Any]:
         return self.strategy.scope()
