@@ -30,6 +30,16 @@ def spec(**fields: Any) -> TrainSpec:
             "fp16 or unset",
         ),
         ({"backend": "fsdp", "compression": "fp16"}, "compression", "none with"),
+        (
+            {"backend": "deepspeed", "compression": "onebit_adam", "device": "cpu"},
+            "compression",
+            "has no 1-bit Adam",
+        ),
+        (
+            {"backend": "deepspeed", "compression": "onebit_adam", "device": "cuda"},
+            "compression",
+            "on GPUs only",
+        ),
         ({"backend": "tf", "compression": "fp16"}, "compression", "none with"),
         (
             {"backend": "ddp", "compression": "bf16", "device": "cpu"},

@@ -95,7 +95,9 @@ class TrainSpec(Section):
         default="none",
         description="Gradients compressed on the wire, by the engine's own means: fp16 or "
         "bf16 casts (DDP's communication hooks, Horovod's Compression.fp16), powersgd (DDP's "
-        "PowerSGD hook, rank in ddp.powersgd_rank). Lossy: changes the math.",
+        "PowerSGD hook, rank in ddp.powersgd_rank). Lossy: changes the math. onebit_adam "
+        "(DeepSpeed's 1-bit Adam) is refused: DeepSpeed 0.19 removed it, and it ran on GPUs "
+        "only.",
     )
     loss_scaling: LossScalingSpec = Field(
         default_factory=LossScalingSpec, description="fp16 loss-scaling settings."

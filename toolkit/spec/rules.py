@@ -460,11 +460,23 @@ def fsdp_issues(fsdp: FsdpSpec, backend: str, device: str) -> Iterator[SpecIssue
         )
 
 
+ONEBIT_ALLOWED = (
+    "none, fp16, bf16 or powersgd: the DeepSpeed the toolkit runs (0.19) has no 1-bit Adam "
+    "(DeepSpeed PR 8490 removed it with 1-bit LAMB and 0/1 Adam), and earlier releases ran "
+    "its compressed all-reduce on GPUs only (NCCL or MPI with CUDA), never on the CPU"
+)
+"""Why `compression: onebit_adam` is refused on every device."""
+
+
 def compression_issues(
     compression: str, backend: str, framework: str | None, horovod: HorovodSpec, device: str
 ) -> Iterator[SpecIssue]:
     """Compression only as an engine runs it; Horovod's own field is its earlier spelling."""
     entry = engine_of(backend, framework)
+    if compression == "onebit_adam":
+        hint = "use compression: fp16 (DeepSpeed's communication_data_type) or powersgd (DDP)"
+        yield _issue("compression", compression, ONEBIT_ALLOWED, hint)
+        return
     if compression == "bf16" and device == "cpu":
         yield _issue(
             "compression",
