@@ -43,15 +43,15 @@ TASK = re.compile(r"/job:(ps|worker|chief)/replica:\d+/task:(\d+)")
 
 
 @contextmanager
-def _unreachable_tasks(when: str, consequence: str) -> Iterator[None]:
-    """TensorFlow's UnavailableError as one error naming the tasks it could not reach."""
+def _unreachable_tasks(when: str, consequence: str, *, servers_only: bool) -> Iterator[None]:
+    """TensorFlow's UnavailableError as one error naming the tasks it could not reach (with
+    `servers_only`, only an error that names parameter servers)."""
     try:
         yield
     except tf.errors.UnavailableError as error:
-        found = TASK.findall(str(error))
         # A worker's error about a parameter server names both: the server is the cause.
-        servers = [(job, task) for job, task in found if job == "ps"]
-        tasks = dict.fromkeys(f"{job} {task}" for job, task in servers or found)
+        named = _servers_named(error) or ([] if servers_only else TASK.findall(str(error)))
+        tasks = dict.fromkeys(f"{job} {task}" for job, task in named)
         if not tasks:
             raise
         raise ToolkitError(
@@ -60,14 +60,21 @@ def _unreachable_tasks(when: str, consequence: str) -> Iterator[None]:
         ) from None
 
 
+def _servers_named(error: Exception) -> list[tuple[str, str]]:
+    return [(job, task) for job, task in TASK.findall(str(error)) if job == "ps"]
+
+
 def _starting() -> AbstractContextManager[None]:
-    return _unreachable_tasks("as the job starts", "the job ends")
+    return _unreachable_tasks("as the job starts", "the job ends", servers_only=False)
 
 
 def _training() -> AbstractContextManager[None]:
-    """A lost worker surfaces nowhere (the coordinator runs its steps on the others); a lost
-    parameter server does, and ends the job: its variables are gone."""
-    return _unreachable_tasks("while training", "its variables are lost, so the job ends")
+    """A lost parameter server ends the job: its variables are gone. A lost worker's steps
+    run on the others (the coordinator's doing); only a loss it held can surface, and
+    `_fetch_oldest` stands in for it."""
+    return _unreachable_tasks(
+        "while training", "its variables are lost, so the job ends", servers_only=True
+    )
 
 
 class ParameterServerBackend(TFBackend):
@@ -115,15 +122,15 @@ class ParameterServerBackend(TFBackend):
                 f"start at least {self.spec.tf.ps + 2} ranks (launch.np)",
             )
         super()._export_tf_config()
-        task = json.loads(os.environ["TF_CONFIG"]).get("task", {})
-        if task.get("type") not in ("chief", "worker", "ps"):
+        cluster = json.loads(os.environ["TF_CONFIG"]).get("cluster", {})
+        missing = [role for role in ("chief", "worker", "ps") if not cluster.get(role)]
+        if missing:
             raise ToolkitError(
-                f"TF_CONFIG task {task!r} has no parameter-server role",
-                "give each rank a task of type chief, worker or ps",
+                f"TF_CONFIG's cluster has no {' and no '.join(missing)} task, and "
+                "tf.strategy parameter_server needs a chief, workers and parameter servers",
+                "give TF_CONFIG's cluster chief, worker and ps tasks, or let the toolkit "
+                "write TF_CONFIG",
             )
-
-    def scope(self) -> AbstractContextManager[Any]:
-        return self.strategy.scope()
 
     def _build_step(self, loss_fn: LossFn | None) -> Callable[..., Any]:
         strategy, model, optimizer = self.strategy, self.model, self.optimizer
@@ -149,8 +156,19 @@ class ParameterServerBackend(TFBackend):
         with _training():
             self._in_flight.append(self.coordinator.schedule(step, args=(batch,)))
             if self._latest_loss is None or len(self._in_flight) > self.workers:
-                self._latest_loss = float(self._in_flight.popleft().fetch())
+                self._latest_loss = self._fetch_oldest()
         return self._latest_loss
+
+    def _fetch_oldest(self) -> float:
+        """The oldest step's loss. A worker lost after its step ran takes the loss with it
+        (the step's update is on the parameter servers): the latest loss stands in for it."""
+        remote = self._in_flight.popleft()
+        try:
+            return float(remote.fetch())
+        except tf.errors.UnavailableError as error:
+            if self._latest_loss is None or _servers_named(error):
+                raise
+            return self._latest_loss
 
     def _finish_steps(self) -> None:
         """Wait for every scheduled step (their errors surface here)."""
