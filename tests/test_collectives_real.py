@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.options import FULL_MATRIX
 from tests.realrun import BIN, PYTHON, ROOT, RunOutput, mpirun, run, spec
 from toolkit.cores import core_share, usable_cores
 
@@ -84,7 +85,20 @@ def test_global_step_loss_is_the_mean_of_the_local_ones(tmp_path: Path) -> None:
         assert report["loss"] == pytest.approx(expected, rel=1e-12), (local, reports)
 
 
-@pytest.mark.parametrize("cell", ["ddp-torchrun", "tf_multiworker-mpirun"])
+BIND_CELLS = [
+    pytest.param(
+        "ddp-torchrun",
+        marks=pytest.mark.skipif(
+            not FULL_MATRIX,
+            reason="timed out at 240 s in two of three full-suite runs on 2 cores, passing "
+            "alone (docs/engine-notes.md, PyTorch): TOOLKIT_MATRIX=full",
+        ),
+    ),
+    "tf_multiworker-mpirun",
+]
+
+
+@pytest.mark.parametrize("cell", BIND_CELLS)
 def test_bind_cores_puts_every_thread_of_a_rank_on_its_own_share(cell: str, tmp_path: Path) -> None:
     """launch.bind_cores under a launcher that binds nothing itself (the toolkit starts mpirun
     with --bind-to none): each rank's threads, the engine's included, on its slice alone."""
