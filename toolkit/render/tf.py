@@ -66,14 +66,8 @@ def survivable_ranks(spec: TrainSpec) -> dict[int, str]:
     """Ranks whose loss a job survives, each with why: the workers of a parameter-server job,
     whose steps the chief's coordinator runs on the other workers (TensorFlow's rule for the
     strategy); none otherwise."""
-    if not spec.parameter_server:
-        return {}
-    workers = spec.world_size - spec.tf.ps - 1
-    return {
-        rank: "a worker of tf.strategy parameter_server: the chief runs its steps on the "
-        "other workers"
-        for rank in range(1, workers + 1)
-    }
+    why = "a worker of tf.strategy parameter_server: the chief runs its steps on the other workers"
+    return {rank: why for rank, role in rank_roles(spec).items() if role.startswith("worker")}
 
 
 def tf_config_of(addresses: list[str], rank: int, ps: int | None) -> str:
