@@ -34,6 +34,8 @@ def test_bench_step_times_toolkit_and_native_side_by_side(tmp_path: Path) -> Non
 
 
 def test_bench_compare_gives_one_row_per_spec(tmp_path: Path) -> None:
+    """With `--link lo` every row also counts what the step sent: both ranks talk over
+    loopback, and each sends at least its gradients (676 fp32 numbers) a step."""
     sgd = tmp_path / "ddp_sgd.yaml"
     sgd.write_text(
         "backend: ddp\nbatch: {global: 32, micro: 16}\n"
@@ -41,13 +43,17 @@ def test_bench_compare_gives_one_row_per_spec(tmp_path: Path) -> None:
     )
     specs = ["--spec", str(sgd), "--spec", str(SPECS / "horovod.yaml")]
     out = tmp_path / "out"
-    assert main(["bench", "compare", *specs, "--layers", "16,32,4", *TINY, "--out", str(out)]) == 0
+    link = ["--link", "lo"]
+    argv = ["bench", "compare", *specs, "--layers", "16,32,4", *TINY, *link, "--out", str(out)]
+    assert main(argv) == 0
     rows = json.loads((out / "compare.json").read_text())["specs"]
     assert [row["spec"] for row in rows] == ["ddp_sgd", "horovod"]
     assert all(row["peak_rss_bytes"] > 0 and len(row["toolkit_ms"]) == 1 for row in rows)
     assert rows[0]["ratio"] > 0  # plain SGD in fp32: the native DDP script runs the same step
     assert rows[1]["ratio"] is None  # Adam: no native script runs that step
     assert (out / "compare.png").stat().st_size > 0
+    assert all(row["sent_bytes_per_step"][0] >= 676 * 4 for row in rows)
+    assert "MB/step sent" in (out / "compare.md").read_text()
 
 
 def test_bench_allreduce_reports_every_size(tmp_path: Path) -> None:

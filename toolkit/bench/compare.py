@@ -5,6 +5,12 @@ few steps of the bench MLP or of the user's `--model module:factory`, once per r
 specs taking turns. The table gives per spec the median step time, samples per second, the
 peak resident memory of its largest rank, and toolkit / native where the engine has a native
 script that runs the same step: the bench MLP, SGD and fp32 (the native scripts' step).
+"step ms" is the median step, "mean ms" the mean: they part where some steps do more than
+others (local SGD averages every k steps).
+
+With `--link IFACE`, rank 0 also counts what its host sends over the network interface IFACE
+during the timed steps, and the table gives it as MB sent per step: the bytes an engine and
+its compression put on the wire, to hold against the link's rate.
 """
 
 from __future__ import annotations
@@ -21,7 +27,16 @@ from toolkit.bench.launching import Measured, measure
 from toolkit.bench.workload import DEFAULT_LAYERS, Workload
 from toolkit.spec import TrainSpec
 
-HEADER = ["spec", "engine", "step ms", "samples/s", "peak MiB/rank", "toolkit / native"]
+HEADER = [
+    "spec",
+    "engine",
+    "step ms",
+    "mean ms",
+    "samples/s",
+    "peak MiB/rank",
+    "toolkit / native",
+]
+SENT = "MB/step sent"
 
 
 @dataclass
@@ -38,6 +53,10 @@ class Entry:
         return statistics.median(m.median_ms for m in self.toolkit)
 
     @property
+    def mean_ms(self) -> float:
+        return statistics.median(m.mean_ms for m in self.toolkit)
+
+    @property
     def ratio(self) -> float | None:
         if not self.native:
             return None
@@ -50,28 +69,41 @@ class Entry:
         return max(peaks) if peaks else None
 
     @property
+    def sent_bytes_per_step(self) -> float | None:
+        """The median over launches of what rank 0's host sent per step; None without a link."""
+        sent = [m.sent_bytes_per_step for m in self.toolkit if m.sent_bytes_per_step is not None]
+        return statistics.median(sent) if sent else None
+
+    @property
     def engine(self) -> str:
         return f"{self.spec.backend}+{self.spec.framework_name}/{self.spec.launcher}"
 
-    def row(self) -> list[str]:
+    def row(self, *, link: bool) -> list[str]:
         samples = statistics.median(m.samples_per_s for m in self.toolkit)
-        return [
+        cells = [
             self.label,
             self.engine,
             report.milliseconds(self.step_ms),
+            report.milliseconds(self.mean_ms),
             f"{samples:.0f}",
             report.mebibytes(self.peak_bytes),
             report.ratio(self.ratio),
         ]
+        if link:
+            sent = self.sent_bytes_per_step
+            cells.append("-" if sent is None else f"{sent / 1e6:.1f}")
+        return cells
 
     def figures(self) -> dict[str, Any]:
         return {
             "spec": self.label,
             "engine": self.engine,
             "toolkit_ms": [m.median_ms for m in self.toolkit],
+            "toolkit_mean_ms": [m.mean_ms for m in self.toolkit],
             "native_ms": [m.median_ms for m in self.native],
             "peak_rss_bytes": self.peak_bytes,
             "ratio": self.ratio,
+            "sent_bytes_per_step": [m.sent_bytes_per_step for m in self.toolkit],
         }
 
 
@@ -92,7 +124,9 @@ def workload_of(spec: TrainSpec, layers: tuple[int, ...]) -> Workload:
 
 def same_step_as_native(spec: TrainSpec, model: str | None) -> bool:
     """Whether the engine's native script runs the step `spec` does: the bench MLP, plain SGD
-    (momentum allowed), fp32, no clipping, a constant learning rate."""
+    (momentum allowed), fp32, no clipping, a constant learning rate, and gradients averaged
+    every step, uncompressed (the native scripts run neither compression, local SGD, Adasum
+    nor parameter servers)."""
     optimizer = spec.optimizer
     return (
         model is None
@@ -102,6 +136,10 @@ def same_step_as_native(spec: TrainSpec, model: str | None) -> bool:
         and spec.precision == "fp32"
         and spec.clip_grad_norm == 0
         and spec.schedule.name == "constant"
+        and spec.wire_compression == "none"
+        and not spec.ddp.sync.local
+        and spec.horovod.op == "average"
+        and not spec.parameter_server
     )
 
 
@@ -114,6 +152,7 @@ def run(
     steps: int,
     warmup: int,
     out: Path,
+    link: str | None = None,
 ) -> int:
     entries = [
         Entry(
@@ -139,14 +178,18 @@ def run(
                         steps=steps,
                         warmup=warmup,
                         model=model,
+                        link=link,
                     )
                     getattr(entry, kind).append(measured)
     figures = {
         "steps": steps,
         "model": model or "bench MLP",
+        "link": link,
         "specs": [e.figures() for e in entries],
     }
-    report.write(out, "compare", figures, HEADER, [entry.row() for entry in entries])
+    header = [*HEADER, SENT] if link else HEADER
+    rows = [entry.row(link=link is not None) for entry in entries]
+    report.write(out, "compare", figures, header, rows)
     _plot(entries, out / "compare.png")
     return 0
 

@@ -20,15 +20,23 @@ LAUNCH_TIMEOUT_S = 600
 
 @dataclass(frozen=True)
 class Measured:
-    """One launch: rank 0's seconds per timed step, and every rank's peak resident memory."""
+    """One launch: rank 0's seconds per timed step, every rank's peak resident memory, and
+    with a link the bytes rank 0's host sent over it per timed step."""
 
     step_s: list[float]
     global_batch: int
     peak_rss_bytes: list[int] = field(default_factory=list)
+    sent_bytes_per_step: float | None = None
 
     @property
     def median_ms(self) -> float:
         return statistics.median(self.step_s) * 1e3
+
+    @property
+    def mean_ms(self) -> float:
+        """The mean step: what a job with periodic work (local SGD's averages) takes per step,
+        which the median leaves out."""
+        return statistics.fmean(self.step_s) * 1e3
 
     @property
     def samples_per_s(self) -> float:
@@ -52,12 +60,16 @@ def measure(
     steps: int,
     warmup: int,
     model: str | None = None,
+    link: str | None = None,
 ) -> Measured:
-    """Launch the `toolkit` or `native` step of `spec` once and read what it wrote."""
+    """Launch the `toolkit` or `native` step of `spec` once and read what it wrote; `link`
+    names the network interface whose sent bytes rank 0 counts."""
     workdir.mkdir(parents=True, exist_ok=True)
     out = workdir / f"{kind}.json"
     out.unlink(missing_ok=True)
     arguments = [*workload.arguments(steps=steps, warmup=warmup), "--out", str(out)]
+    if link is not None:
+        arguments += ["--link", link]
     if kind == "toolkit":
         spec_file = workdir / "spec.json"
         spec_file.write_text(json.dumps(spec.to_dict()))
@@ -74,4 +86,6 @@ def measure(
         json.loads(path.read_text())["peak_rss_bytes"]
         for path in sorted(workdir.glob(f"{kind}.rank*.json"))
     ]
-    return Measured(record["step_s"], spec.batch_for().global_, peaks)
+    return Measured(
+        record["step_s"], spec.batch_for().global_, peaks, record.get("sent_bytes_per_step")
+    )

@@ -3,7 +3,8 @@ Markdown table and (compare) a plot.
 
 - `compare --spec A.yaml --spec B.yaml ... [--model module:factory]`: each spec's engine
   briefly on the same model, one table (step time, samples/s, peak memory per rank,
-  toolkit / native where a native script runs the same step).
+  toolkit / native where a native script runs the same step; with `--link IFACE` the MB per
+  step rank 0's host sent over IFACE).
 - `step --spec S [--all]`: the toolkit's step against the engine's native script, on the same
   launcher, interleaved (the adapter's cost).
 - `allreduce --spec S ...`: `run.allreduce`'s bus bandwidth by message size.
@@ -34,6 +35,15 @@ def _layers(text: str) -> tuple[int, ...]:
     if len(widths) < 2 or min(widths) < 1:
         raise argparse.ArgumentTypeError(f"{text[:40]!r}: at least two positive widths")
     return widths
+
+
+def _interface(text: str) -> str:
+    """A network interface's name as Linux allows it: 1-15 characters, no slash or space."""
+    if not (0 < len(text) <= 15) or any(c in text for c in "/ \t\n:") or text in (".", ".."):
+        raise argparse.ArgumentTypeError(
+            f"{text[:40]!r}: give a network interface's name, e.g. eth0 (see `ip link`)"
+        )
+    return text
 
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -83,6 +93,13 @@ def register(subparsers: Any) -> None:
         help="factory() returns (model, loss_fn, inputs, targets); default the bench MLP",
     )
     compare.add_argument("--layers", type=_layers, default=None, help="bench MLP widths")
+    compare.add_argument(
+        "--link",
+        type=_interface,
+        default=None,
+        metavar="IFACE",
+        help="also count the MB per step rank 0's host sends over this network interface",
+    )
     _timing(compare, steps=20)
     compare.set_defaults(func=_compare)
 
@@ -123,7 +140,13 @@ def _specs(paths: list[str]) -> list[tuple[str, Any]]:
 def _compare(args: argparse.Namespace) -> int:
     from toolkit.bench import compare
 
-    return compare.run(_specs(args.spec), model=args.model, layers=args.layers, **_timing_of(args))
+    return compare.run(
+        _specs(args.spec),
+        model=args.model,
+        layers=args.layers,
+        link=args.link,
+        **_timing_of(args),
+    )
 
 
 def _step(args: argparse.Namespace) -> int:

@@ -9,7 +9,7 @@ Timing: each step is timed alone (perf_counter around the step function), after 
 untimed steps, with the step's batch already in memory; fetching data is not part of a step.
 Rank 0 writes {"step_s": [...], "cpu_s": [...], "faults": [...], "loss": ..., "world": ...,
 "settings": {...}} to `--out` (wall and CPU seconds and minor page faults per timed step; see
-`Clock`).
+`Clock`), and with `--link IFACE` "sent_bytes_per_step": what its host sent over IFACE.
 """
 
 from __future__ import annotations
@@ -45,6 +45,9 @@ def parser(description: str) -> argparse.ArgumentParser:
         "--threads", type=int, default=None, help="compute threads per rank; unset = engine default"
     )
     p.add_argument("--out", required=True, help="rank 0 writes its timings here (JSON)")
+    p.add_argument(
+        "--link", default=None, metavar="IFACE", help="count what this host sends over IFACE"
+    )
     # Candidate costs, off by default: each adds one thing the toolkit's step does.
     p.add_argument("--loss-allreduce", action="store_true", help="average the loss every step")
     p.add_argument("--host-copy", action="store_true", help="build each step's tensors from numpy")
@@ -81,22 +84,59 @@ class Clock:
     threads: the engine's communication threads too). On a machine other jobs share, wall time
     also counts the time the process waited for a core; CPU time does not, but misses time spent
     asleep waiting for a peer or for Horovod's next cycle. The faults count memory the step
-    touched for the first time since the allocator returned it to the kernel."""
+    touched for the first time since the allocator returned it to the kernel.
 
-    def __init__(self) -> None:
+    With a `link` (a network interface's name), it also counts the bytes this host sent over
+    it from the start of the first timed step to the end of the last: every process on the
+    host, the engine's background sends between steps included."""
+
+    def __init__(self, link: str | None = None) -> None:
         self.wall: list[float] = []
         self.cpu: list[float] = []
         self.faults: list[int] = []
+        self.counter = None if link is None else sent_bytes_counter(link)
+        self.sent: list[int] = []
+        """The counter at the first timed step's start and at the latest one's end."""
 
     def time(self, step: Callable[[], Any], *, keep: bool) -> Any:
         faults = minor_faults()
+        if keep and self.counter is not None and not self.sent:
+            self.sent = [self.read_sent()]
         wall, cpu = time.perf_counter(), time.process_time()
         result = step()
         if keep:
             self.cpu.append(time.process_time() - cpu)
             self.wall.append(time.perf_counter() - wall)
             self.faults.append(minor_faults() - faults)
+            if self.counter is not None:
+                self.sent[1:] = [self.read_sent()]
         return result
+
+    def read_sent(self) -> int:
+        assert self.counter is not None
+        return int(self.counter.read_text())
+
+    @property
+    def sent_bytes_per_step(self) -> float | None:
+        """Bytes sent over the link per timed step; None without a link."""
+        if len(self.sent) < 2:
+            return None
+        return (self.sent[1] - self.sent[0]) / len(self.wall)
+
+    def record(self) -> dict[str, Any]:
+        """The timings as rank 0 writes them."""
+        record: dict[str, Any] = {"step_s": self.wall, "cpu_s": self.cpu, "faults": self.faults}
+        if self.counter is not None:
+            record["sent_bytes_per_step"] = self.sent_bytes_per_step
+        return record
+
+
+def sent_bytes_counter(link: str) -> Path:
+    """Linux's count of the bytes this host has sent over interface `link`."""
+    counter = Path("/sys/class/net") / link / "statistics" / "tx_bytes"
+    if "/" in link or not counter.is_file():
+        raise SystemExit(f"bench: this host has no network interface {link!r} ({counter})")
+    return counter
 
 
 def minor_faults() -> int:
@@ -108,7 +148,7 @@ def time_steps(
     step: Callable[[Any], Any], inputs: Sequence[Any], args: argparse.Namespace
 ) -> tuple[Clock, float]:
     """Run warmup + timed steps cycling over `inputs`; the clock and the last loss."""
-    clock = Clock()
+    clock = Clock(args.link)
     loss: Any = None
     for index in range(args.warmup + args.steps):
         batch = inputs[index % len(inputs)]
@@ -128,9 +168,7 @@ def write(
     if rank != 0:
         return
     record = {
-        "step_s": clock.wall,
-        "cpu_s": clock.cpu,
-        "faults": clock.faults,
+        **clock.record(),
         "loss": loss,
         "world": world,
         "pid": os.getpid(),

@@ -85,7 +85,7 @@ def main() -> int:
     run.prepare(model)
     loader = run.loader(data)
     total = args.warmup + args.steps
-    clock = _bench.Clock()
+    clock = _bench.Clock(args.link)
     loss = float("nan")
     steps = run.steps(loader, epochs=math.ceil(total / len(loader)), desc="bench")
     for index, micro_batches in enumerate(steps):
@@ -96,8 +96,7 @@ def main() -> int:
     _bench.write_record(str(rank_file(args.out, run.rank)), {"peak_rss_bytes": peak_rss_bytes()})
     if run.is_main:
         record = {
-            "step_s": clock.wall,
-            "cpu_s": clock.cpu,
+            **clock.record(),
             "loss": loss,
             "world": run.world_size,
             "global_batch": spec.batch_for().global_,
